@@ -1,0 +1,48 @@
+# modeltap: `make demo` and `make test` do all the set-up on a fresh Debian machine (as root) by themselves.
+#
+# Set-up lives in mk/install.mk; other tiers add their own fragment in mk/*.mk. A fragment that adds a
+# test tier defines a target and appends its name to TEST_TIERS (`TEST_TIERS += areal-test`), and
+# `make test` then runs it after the pytest tiers.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+# The tiers pytest runs in one process; each must exist (a missing tier fails, it never skips).
+PYTEST_DIRS := tests/unit tests/integration tests/docker
+PYTEST_ARGS ?=
+TEST_TIERS :=
+
+# Included before the rules below so that TEST_TIERS is complete when `test` reads it.
+-include mk/*.mk
+
+.PHONY: help test test-pytest lint demo
+
+help:
+	@echo "make test    install everything (venv, agent CLIs, dockerd) and run every test tier: $(TEST_TIERS) test-pytest"
+	@echo "make demo    install the venv and run 'modeltap demo'"
+	@echo "make lint    ruff check + ruff format --check"
+	@echo "make setup   only the set-up (targets: venv, agents, dockerd)"
+
+# Every tier runs even when an earlier one fails, so one failure does not hide the others; the exit
+# status is still non-zero if any tier failed.
+test: setup
+	@failed=""; \
+	for tier in test-pytest $(TEST_TIERS); do \
+	    $(MAKE) --no-print-directory "$$tier" || failed="$$failed $$tier"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED tiers:$$failed" >&2; exit 1; fi; \
+	echo "make test: all tiers passed (test-pytest $(TEST_TIERS))"
+
+# pytest exits 5 when it collects nothing, which fails this target like any other non-zero status.
+test-pytest: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_DIRS) $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+demo: venv
+	$(VENV)/bin/modeltap demo

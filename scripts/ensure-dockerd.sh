@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Make sure a Docker daemon answers `docker info`.
+#
+# - docker / dockerd missing: install Debian's docker.io with apt-get (one `apt-get update` first; root).
+# - dockerd not running: start it detached in its own session, logging to $DOCKERD_LOG, and wait
+#   until `docker info` answers. When it already answers, this returns at once.
+# No image registry is reachable from the test machines: test images are built locally with
+# `docker import` by the tiers that need them.
+set -euo pipefail
+
+log=${DOCKERD_LOG:-.cache/dockerd.log}
+# dockerd on a fresh machine takes a few seconds to set up its bridge and storage; 60 s leaves room
+# for a slow CI disk without hanging forever on a daemon that cannot start.
+wait_s=${DOCKERD_WAIT_S:-60}
+
+docker info >/dev/null 2>&1 && exit 0
+
+if ! command -v dockerd >/dev/null || ! command -v docker >/dev/null; then
+    [ "$(id -u)" = 0 ] || { echo "ensure-dockerd: docker.io is missing and installing it needs root" >&2; exit 1; }
+    echo "ensure-dockerd: installing docker.io with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+fi
+
+if ! pgrep -x dockerd >/dev/null; then
+    [ "$(id -u)" = 0 ] || { echo "ensure-dockerd: dockerd is not running and starting it needs root" >&2; exit 1; }
+    mkdir -p "$(dirname "$log")"
+    echo "ensure-dockerd: starting dockerd (log: $log)"
+    setsid dockerd >>"$log" 2>&1 </dev/null &
+fi
+
+for _ in $(seq "$wait_s"); do
+    docker info >/dev/null 2>&1 && { echo "ensure-dockerd: dockerd is up"; exit 0; }
+    sleep 1
+done
+echo "ensure-dockerd: dockerd did not answer within ${wait_s}s; last lines of $log:" >&2
+tail -n 30 "$log" >&2 || true
+exit 1

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install the agent CLIs the tests drive (opencode, Claude Code) from npm into a project-local prefix.
+#
+# Usage: scripts/install-agents.sh PREFIX PACKAGE@VERSION...
+#
+# Both packages ship native binaries inside registry packages, so nothing is fetched from outside
+# the npm registry (shared/reference/agent-clients.md, "Installation"). opencode's postinstall runs
+# `opencode --version` with $HOME and leaves folders there, so the install runs with a scratch HOME;
+# the user's npm cache and npmrc are passed explicitly so that scratch HOME changes nothing else.
+# Afterwards each binary is run once (offline, scratch HOME) to prove it starts.
+set -euo pipefail
+
+prefix=$1
+shift
+command -v npm >/dev/null || { echo "install-agents: npm not found; install Node.js 20 and npm" >&2; exit 1; }
+
+real_cache=$(npm config get cache)
+real_userconfig=$(npm config get userconfig)
+scratch_home=$(mktemp -d -t modeltap-npm-home.XXXXXX)
+trap 'rm -rf "$scratch_home"' EXIT
+
+mkdir -p "$prefix"
+userconfig_args=()
+[ -f "$real_userconfig" ] && userconfig_args=(--userconfig "$real_userconfig")
+HOME=$scratch_home npm install --prefix "$prefix" --cache "$real_cache" "${userconfig_args[@]}" \
+    --save-exact --no-audit --no-fund --no-update-notifier --loglevel=error "$@"
+
+# Smoke run: offline flags from agent-clients.md so that neither binary reaches for the network.
+for bin in opencode claude; do
+    version=$(HOME=$scratch_home XDG_CONFIG_HOME=$scratch_home/.config XDG_DATA_HOME=$scratch_home/.local/share \
+        XDG_CACHE_HOME=$scratch_home/.cache XDG_STATE_HOME=$scratch_home/.local/state \
+        CLAUDE_CONFIG_DIR=$scratch_home/.claude npm_config_offline=true \
+        OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 \
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
+        "$prefix/node_modules/.bin/$bin" --version </dev/null)
+    echo "install-agents: $bin $version"
+done
