@@ -1,0 +1,112 @@
+"""The installed AReaL and what it can do, read from package metadata: AReaL itself is never imported.
+
+Owns: the installed version (importlib.metadata), a tiny version comparison, and the capabilities
+that depend on it. Does not own: talking to AReaL (proxy/upstream.py) or adapting to a missing
+capability (adapter/workflow.py, proxy/upstream.py's `auto` layout).
+
+Importing `areal` runs its whole package init (torch, ray, transformers; 8-10 s,
+shared/reference/areal-tier.md §2), so this module only reads the distribution's metadata.
+
+    >>> capabilities("2.1.0").serves_v1_chat
+    False
+    >>> capabilities("2.2.0").honours_should_reject_failed_sample
+    True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Literal
+
+# The PyPI distribution (shared/reference/areal-tier.md §1: `pip download areal==1.0.4`).
+AREAL_DISTRIBUTION = "areal"
+# The last release whose proxy serves chat only at the bare `/chat/completions` and has no
+# `should_reject_failed_sample` hook: both arrive on main after it (areal-proxy-protocol.md §2, §3.4;
+# issue 6). Earlier layouts (v0.4-v1.0.0rc1) put a session id in the base URL, but chat is still
+# `{base}/chat/completions` there, so "bare" holds for every release up to this one.
+LAST_BARE_ONLY_RELEASE = "2.1.0"
+
+# PEP 440, as far as a comparison needs it: release, pre-release, post-release, dev, local.
+_VERSION = re.compile(
+    r"v?(?P<release>\d+(?:\.\d+)*)"
+    r"(?P<pre>[-_.]?(?:a|alpha|b|beta|c|rc|pre|preview)[-_.]?\d*)?"
+    r"(?P<post>[-_.]?(?:post|rev|r)[-_.]?\d*|-\d+)?"
+    r"(?P<dev>[-_.]?dev[-_.]?\d*)?"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ArealCapabilities:
+    """What an AReaL version's agent proxy offers.
+
+    `version` is None when AReaL is not installed. `serves_v1_chat`: the proxy also answers
+    `/v1/chat/completions` (after 2.1.0; up to 2.1.0 that path is FastAPI's 404 `{"detail":"Not
+    Found"}`, areal-proxy-protocol.md §2). `honours_should_reject_failed_sample`: a failed sample is
+    left out alone instead of failing its whole group (after 2.1.0; before, `GroupedRolloutWorkflow`
+    gathers without `return_exceptions`, §3.4). `auto_first`: the layout the proxy's `auto` mode tries
+    first, `areal` wherever AReaL is installed, since the bare path works on every AReaL release.
+    """
+
+    version: str | None
+    serves_v1_chat: bool
+    honours_should_reject_failed_sample: bool
+    auto_first: Literal["areal", "openai"]
+
+
+def installed_version() -> str | None:
+    """The installed AReaL's version string, or None when it is not installed. Never imports AReaL."""
+    try:
+        return metadata.version(AREAL_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def release_key(version: str) -> tuple[tuple[int, ...], int]:
+    """A sort key for `version`: its release numbers without trailing zeros, and -1 for a pre-release or
+    dev build (which comes before its release), else 0.
+
+    Post-releases and local builds (`2.1.0.post1`, `2.1.0+abc`) count as their release: they are fixes
+    on a release branch, not the main branch that gained the new capabilities.
+
+    Raises ValueError for a string that is not a version.
+
+    >>> release_key("2.1") == release_key("2.1.0+local")
+    True
+    >>> release_key("2.1.0rc1") < release_key("2.1.0") < release_key("2.2.0.dev0")
+    True
+    """
+    match = _VERSION.fullmatch(version.strip())
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    release = [int(part) for part in match["release"].split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    prerelease = bool(match["pre"]) or (bool(match["dev"]) and not match["post"])
+    return tuple(release), -1 if prerelease else 0
+
+
+def capabilities(version: str | None) -> ArealCapabilities:
+    """The capabilities of AReaL `version` (None: not installed).
+
+    A version string that cannot be parsed gets the capabilities of 2.1.0 and earlier: the bare path
+    works everywhere, and assuming the hook where it is missing would lose whole groups.
+    """
+    try:
+        after = version is not None and release_key(version) > release_key(LAST_BARE_ONLY_RELEASE)
+    except ValueError:
+        after = False
+    return ArealCapabilities(
+        version=version,
+        serves_v1_chat=after,
+        honours_should_reject_failed_sample=after,
+        auto_first="areal" if version is not None else "openai",
+    )
+
+
+def installed_capabilities() -> ArealCapabilities:
+    """The capabilities of the AReaL installed in this environment."""
+    return capabilities(installed_version())
