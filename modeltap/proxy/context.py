@@ -1,0 +1,69 @@
+"""ProxyContext: the state one proxy app shares between its handlers.
+
+Owns: the typed app key, the pooled upstreams (one `aiohttp.ClientSession` per upstream base URL,
+created on first use and closed with the app), and references to the registry, store and budget.
+Does not own: building the app (server.py) or handling requests (relay.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.sessions import SessionRegistry
+from modeltap.proxy.tasks import Tasks
+from modeltap.proxy.upstream import Upstream
+from modeltap.records.store import RecordStore
+
+if TYPE_CHECKING:
+    from modeltap.proxy.budget import Budget
+
+# Connections kept per upstream: one per concurrent rollout, and AReaL runs hundreds at once.
+UPSTREAM_CONNECTIONS = 1024
+
+
+@dataclass
+class ProxyContext:
+    """Everything a handler needs, reached through `request.app[CONTEXT]`."""
+
+    config: ProxyConfig
+    sessions: SessionRegistry
+    store: RecordStore
+    loopback_only: bool
+    budget: Budget | None = None
+    tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
+    started: float = field(default_factory=time.time)
+    _upstreams: dict[str, Upstream] = field(default_factory=dict)
+    _clients: list[aiohttp.ClientSession] = field(default_factory=list)
+
+    def upstream(self, base_url: str) -> Upstream:
+        """The pooled Upstream for `base_url`, created on first use."""
+        upstream = self._upstreams.get(base_url)
+        if upstream is None:
+            client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=UPSTREAM_CONNECTIONS, limit_per_host=0),
+                # No total: a long generation is legitimate; silence longer than sock_read is not.
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=self.config.connect_timeout_s, sock_read=self.config.read_timeout_s
+                ),
+                auto_decompress=True,
+                skip_auto_headers=(aiohttp.hdrs.USER_AGENT,),
+            )
+            self._clients.append(client)
+            upstream = self._upstreams[base_url] = Upstream(base_url, self.config.layout, client)
+        return upstream
+
+    async def close(self) -> None:
+        await self.tasks.close()
+        for client in self._clients:
+            await client.close()
+        self._clients.clear()
+        self._upstreams.clear()
+
+
+CONTEXT = web.AppKey("modeltap.context", ProxyContext)

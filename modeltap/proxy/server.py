@@ -1,0 +1,195 @@
+"""build_app(config) -> aiohttp Application, and Proxy: the app started and stopped in-process.
+
+Owns: the app's routes and lifecycle (the store and the upstream pools start with the app and close
+with it, in `cleanup_ctx`), binding, and the base URLs a host process and a container should use.
+Does not own: what happens to one request (relay.py).
+
+    async with Proxy(ProxyConfig(upstream="http://127.0.0.1:8000", port=0)) as proxy:
+        session = proxy.sessions.open(upstream_key="sk-...", labels={"task_id": "t1"})
+        print(session.host_base_url + "/v1")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from modeltap.proxy import network, relay
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.context import CONTEXT, ProxyContext
+from modeltap.proxy.sessions import Session, SessionRegistry
+from modeltap.records.store import RecordStore
+
+log = logging.getLogger(__name__)
+
+# How long a graceful stop waits for running exchanges (a stream mid-generation) before cancelling them.
+SHUTDOWN_TIMEOUT_S = 10.0
+
+BaseUrls = Callable[[], tuple[str, str | None]]
+
+
+def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.Application:
+    """The proxy as an aiohttp Application. `base_urls` returns (host URL, container URL or None) for
+    session URLs; by default they are derived from the configured host and port."""
+    store = RecordStore(config.store_path, keep_raw_sse=config.keep_raw_sse)
+
+    def session_changed(session: Session, closed: bool) -> None:
+        store.record_session(session.id, session.labels, session.upstream, closed=closed)
+
+    sessions = SessionRegistry(base_urls or (lambda: _base_urls(config.host, config.port)), session_changed)
+    ctx = ProxyContext(config, sessions, store, loopback_only=network.is_loopback(config.host))
+    # Agents paste whole files into prompts: aiohttp's 1 MiB default would answer them 413.
+    app = web.Application(client_max_size=config.max_body_bytes)
+    app[CONTEXT] = ctx
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_get("/_modeltap/health", _health)
+    # Connectivity checks (Claude Code's HEAD /api/hello: agent-clients.md) just need an answer.
+    app.router.add_route("HEAD", "/{tail:.*}", _head)
+    app.router.add_route("*", "/{tail:.*}", relay.handle)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    ctx = app[CONTEXT]
+    ctx.store.start()
+    try:
+        yield
+    finally:
+        await ctx.close()
+        await ctx.store.close()
+
+
+async def _health(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return web.json_response(
+        {
+            "status": "ok",
+            "sessions": len(ctx.sessions),
+            "records_written": ctx.store.written,
+            "record_failures": ctx.store.failures,
+        }
+    )
+
+
+async def _head(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+def _base_urls(host: str, port: int) -> tuple[str, str | None]:
+    container = network.container_address(host)
+    return network.url(network.host_address(host), port), (
+        network.url(container, port) if container else None
+    )
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class Proxy:
+    """The proxy app served on its own listener, on the running event loop. new → running → stopped.
+
+    A second start raises; a second stop does nothing; a start that fails halfway unwinds.
+    """
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.port: int | None = None
+        self._state = _State.NEW
+        self._stack = contextlib.AsyncExitStack()
+        self._app: web.Application | None = None
+
+    async def start(self) -> Proxy:
+        """Bind and start serving; `port` then holds the real port (useful with port 0)."""
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"a Proxy starts once (it is {self._state.value})")
+        self._state = _State.RUNNING
+        async with contextlib.AsyncExitStack() as stack:
+            self._app = build_app(self.config, self._base_urls)
+            runner = web.AppRunner(
+                self._app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+            )
+            await runner.setup()
+            stack.push_async_callback(runner.cleanup)
+            site = web.TCPSite(runner, self.config.host, self.config.port, reuse_address=True)
+            await site.start()
+            self.port = runner.addresses[0][1]
+            self._stack = stack.pop_all()
+        log.debug("modeltap listening on %s:%s", self.config.host, self.port)
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening, let running exchanges finish (up to a timeout), flush every record."""
+        if self._state is not _State.RUNNING:
+            return
+        self._state = _State.STOPPED
+        await self._stack.aclose()
+
+    async def __aenter__(self) -> Proxy:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def context(self) -> ProxyContext:
+        if self._app is None:
+            raise RuntimeError("the Proxy is not started")
+        return self._app[CONTEXT]
+
+    @property
+    def sessions(self) -> SessionRegistry:
+        """The session registry: `proxy.sessions.open(upstream=…, upstream_key=…, labels={…})`."""
+        return self.context.sessions
+
+    @property
+    def host_base_url(self) -> str:
+        """The URL a process on this host uses, without `/v1`."""
+        return self._base_urls()[0]
+
+    @property
+    def container_base_url(self) -> str | None:
+        """The URL a container on the default Docker bridge uses, or None on a loopback-only listener."""
+        return self._base_urls()[1]
+
+    def _base_urls(self) -> tuple[str, str | None]:
+        if self.port is None:
+            raise RuntimeError("the Proxy is not started")
+        return _base_urls(self.config.host, self.port)
+
+
+def startup_report(proxy: Proxy, default_session: Session | None) -> str:
+    """What `modeltap serve` prints at start: where it listens, what it forwards to, and the base URLs
+    to paste into agents running on this host and in Docker containers."""
+    config = proxy.config
+    layouts = {
+        "auto": "auto (tries /v1/… first, then the bare path, and remembers per endpoint)",
+        "areal": "areal (chat and responses at the bare path, messages at /v1/messages)",
+        "openai": "openai (everything under /v1)",
+    }
+    lines = [
+        f"modeltap listening on {config.host}:{proxy.port}",
+        f"  upstream  {config.upstream or '(none: sessions name their own)'}",
+        f"  layout    {layouts[config.layout]}",
+        f"  records   {config.store}",
+    ]
+    base = default_session.host_base_url if default_session else proxy.host_base_url
+    container = default_session.container_base_url if default_session else proxy.container_base_url
+    if default_session is not None:
+        lines.append(
+            "  the upstream key is lent only through this session's URLs (it listens beyond loopback):"
+        )
+    for where, url in (("this host", base), ("a Docker container", container)):
+        if url is None:
+            lines.append(f"  {where}: unreachable (listening on loopback only; use --host 0.0.0.0)")
+            continue
+        lines.append(f"  for {where}:")
+        lines.append(f"    OpenAI-style clients (opencode, openai SDK)       {url}/v1")
+        lines.append(f"    Anthropic-style clients (Claude Code, anthropic)  {url}")
+    return "\n".join(lines)

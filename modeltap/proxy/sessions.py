@@ -1,0 +1,109 @@
+"""SessionRegistry: local session tokens -> (upstream, upstream key, labels).
+
+Owns: issuing and revoking session tokens and looking them up. A session is what lets modeltap hand
+an agent a credential of its own instead of the upstream's key: the agent presents the token (in the
+path as `/s/TOKEN/`, or as `Authorization: Bearer` / `x-api-key`), modeltap swaps in the upstream key,
+and every record of the session carries its labels. Does not own: the HTTP admin API (server.py) or
+the rules of who may use the configured key (relay.py).
+
+The token is never logged, stored or sent upstream; records carry the session id instead.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+# 32 random bytes: 256 bits, URL-safe, 43 characters (DESIGN §3.1 asks for 128 bits or more).
+TOKEN_BYTES = 32
+
+
+@dataclass(slots=True)
+class Session:
+    """One agent's session. `host_base_url` and `container_base_url` end in `/s/TOKEN`; OpenAI-style
+    clients add `/v1`, Anthropic-style clients use them as they are."""
+
+    id: str
+    token: str = field(repr=False)
+    upstream: str | None
+    upstream_key: str | None = field(repr=False)
+    labels: dict[str, str]
+    host_base_url: str
+    container_base_url: str | None
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class SessionRegistry:
+    """In-process registry of open sessions.
+
+    >>> registry = SessionRegistry(lambda: ("http://127.0.0.1:8080", None))
+    >>> s = registry.open(upstream="http://127.0.0.1:9000", upstream_key="k", labels={"task_id": "t1"})
+    >>> registry.by_token(s.token) is s
+    True
+    """
+
+    def __init__(
+        self,
+        base_urls: Callable[[], tuple[str, str | None]],
+        on_change: Callable[[Session, bool], None] | None = None,
+    ) -> None:
+        self._base_urls = base_urls
+        self._on_change = on_change
+        self._by_token: dict[str, Session] = {}
+        self._by_id: dict[str, Session] = {}
+
+    def open(
+        self,
+        upstream: str | None = None,
+        upstream_key: str | None = None,
+        labels: dict[str, str] | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        """Open a session and return it with its token and base URLs."""
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        sid = session_id or "s-" + secrets.token_hex(6)
+        if sid in self._by_id:
+            raise ValueError(f"session {sid!r} is already open")
+        host, container = self._base_urls()
+        session = Session(
+            id=sid,
+            token=token,
+            upstream=upstream.rstrip("/") if upstream else None,
+            upstream_key=upstream_key,
+            labels={str(k): str(v) for k, v in (labels or {}).items()},
+            host_base_url=f"{host}/s/{token}",
+            container_base_url=f"{container}/s/{token}" if container else None,
+        )
+        self._by_token[token] = session
+        self._by_id[sid] = session
+        if self._on_change is not None:
+            self._on_change(session, False)
+        return session
+
+    def close(self, session_id: str) -> bool:
+        """Close a session; its token stops working at once. False if it was not open."""
+        session = self._by_id.pop(session_id, None)
+        if session is None:
+            return False
+        del self._by_token[session.token]
+        if self._on_change is not None:
+            self._on_change(session, True)
+        return True
+
+    def by_token(self, token: str) -> Session | None:
+        session = self._by_token.get(token)
+        if session is not None:
+            session.last_used = time.monotonic()
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        return self._by_id.get(session_id)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_id.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_id)

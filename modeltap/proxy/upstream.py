@@ -1,0 +1,121 @@
+"""One upstream: its base URL, pooled connections, path layout, and the translation of aiohttp's
+client errors into modeltap's error tree (the only place that catches them).
+
+Owns: choosing the upstream path for an endpoint (with `auto`, falling back once on a route-level
+404 and remembering the answer per endpoint: DESIGN §3.3), sending, and reading or iterating the
+response with errors mapped. Does not own: header rewriting or relaying to the client (relay.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from modeltap.compat.layouts import Layout, is_route_level_404, upstream_paths
+from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from modeltap.proxy.routes import Endpoint
+
+log = logging.getLogger(__name__)
+
+# A route-level 404 body is a short FastAPI/aiohttp page; anything longer is not one worth parsing.
+ROUTE_404_MAX_BYTES = 64 * 1024
+
+
+def map_client_error(exc: BaseException, url: str) -> ProxyError:
+    """The ProxyError for an aiohttp client exception raised while talking to `url`, most specific first."""
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return UpstreamTimeout(f"upstream {url} timed out ({exc.__class__.__name__})")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamUnreachable(f"cannot connect to upstream {url}: {exc.os_error.strerror or exc}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return UpstreamUnreachable(f"upstream {url} closed the connection")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return UpstreamUnreachable(f"upstream {url} sent a broken body: {exc}")
+    return UpstreamUnreachable(f"upstream {url} failed: {exc.__class__.__name__}: {exc}")
+
+
+@dataclass(slots=True)
+class Reply:
+    """An upstream response whose headers are read. `body` is set when it had to be read already
+    (a 404 examined for the fallback); otherwise read it with `Upstream.read` or `Upstream.chunks`."""
+
+    response: aiohttp.ClientResponse
+    url: str
+    path: str
+    body: bytes | None = None
+
+
+class Upstream:
+    """An upstream server at `base_url`, spoken to through one pooled `aiohttp.ClientSession`."""
+
+    def __init__(self, base_url: str, layout: Layout, client: aiohttp.ClientSession) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.layout = layout
+        self._client = client
+        self._has_v1 = self.base_url.endswith("/v1")
+        self._chosen: dict[Endpoint, str] = {}
+
+    def candidates(self, endpoint: Endpoint) -> list[str]:
+        """Upstream paths to try, the one that worked before first."""
+        paths = upstream_paths(self.layout, endpoint.value, self._has_v1)
+        known = self._chosen.get(endpoint)
+        return [known] if known in paths else paths
+
+    async def send(
+        self,
+        endpoint: Endpoint,
+        method: str,
+        query: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        suffix: str = "",
+    ) -> Reply:
+        """Send one request and return the response, its headers read. `suffix` extends the
+        endpoint's path (`/MODEL_ID` for `GET /v1/models/{id}`).
+
+        Raises NotFound when every candidate path answered a route-level 404, and the mapped
+        ProxyError when the upstream cannot be reached.
+        """
+        paths = self.candidates(endpoint)
+        for path in paths:
+            url = self.base_url + path + suffix + (f"?{query}" if query else "")
+            try:
+                response = await self._client.request(method, url, headers=headers, data=body)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise map_client_error(exc, url) from exc
+            if response.status != 404:
+                self._chosen.setdefault(endpoint, path)
+                return Reply(response, url, path)
+            head = await self.read(response, limit=ROUTE_404_MAX_BYTES)
+            if not is_route_level_404(404, head):
+                return Reply(response, url, path, head)  # the API's own 404, e.g. model_not_found
+            log.debug("upstream %s has no route %s", self.base_url, path)
+        tried = ", ".join(paths)
+        raise NotFound(f"the upstream {self.base_url} does not serve {endpoint.value} (tried {tried})")
+
+    async def read(self, response: aiohttp.ClientResponse, limit: int = -1) -> bytes:
+        """The whole (decoded) body, or its first `limit` bytes, with errors mapped."""
+        try:
+            return await response.content.read(limit)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise map_client_error(exc, str(response.url)) from exc
+        finally:
+            response.release()
+
+    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The body chunk by chunk as it arrives (decoded), with errors mapped. Closes the response
+        when the caller stops early, which ends the upstream request."""
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise map_client_error(exc, str(response.url)) from exc
+        finally:
+            if response.content.at_eof():
+                response.release()
+            else:
+                response.close()

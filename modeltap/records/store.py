@@ -1,0 +1,562 @@
+"""The record store: SQLite in WAL mode, one writer thread, read-only readers.
+
+Owns: the schema and its migrations (`PRAGMA user_version`), the writer thread and its bounded queue,
+content-addressed compressed bodies, and the reader API. `sqlite3` is imported here and nowhere else.
+
+Writes never block the event loop: `RecordStore.submit` awaits only a free slot in the queue
+(back-pressure, never a blocking put and never a silent drop); the thread serialises, hashes,
+compresses and commits in batches. A failed write is logged as an error and counted.
+
+Bodies are stored so that a long session costs about its final size, not the sum of its turns: each
+element of a request's `messages` / `input`, and its `tools` and `system`, is a blob keyed by a
+128-bit BLAKE2b digest of its JSON. A list that extends the session's previous list is stored as a
+node `{"prev": <previous node>, "add": [<hashes of the new elements>]}`, so a turn costs its new
+messages plus a few references, not references to its whole history.
+
+    store = RecordStore(".modeltap/records.db")
+    store.start()
+    await store.submit(exchange)          # on the event loop: awaits only a free slot
+    await store.close()
+    StoreReader(".modeltap/records.db").sessions()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modeltap.records.exchange import Exchange
+from modeltap.records.summary import summarize
+
+log = logging.getLogger(__name__)
+
+# Exchanges waiting for the writer. At ~1 ms per write this is a few seconds of burst; beyond it the
+# relay waits for a slot rather than grow memory without bound.
+QUEUE_SIZE = 4096
+# The writer commits up to this many exchanges per transaction when they queue up.
+BATCH_MAX = 256
+# Hashes of blobs known to be stored, kept in memory so an unchanged message is neither compressed
+# nor re-sent to SQLite on every turn. 64k hashes is ~6 MB.
+KNOWN_BLOBS_MAX = 65536
+# Sessions whose latest message list the writer remembers, to store the next turn as an extension.
+LAST_LISTS_MAX = 4096
+# How long close() waits for the writer to drain before saying so.
+CLOSE_TIMEOUT_S = 30.0
+# Request fields whose elements (lists) or whole values (others) are stored as shared blobs.
+_LIST_FIELDS = ("messages", "input")
+_WHOLE_FIELDS = ("tools", "system", "instructions")
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: sessions, exchanges, content-addressed blobs
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        created REAL NOT NULL,
+        labels TEXT NOT NULL DEFAULT '{}',
+        upstream TEXT,
+        closed REAL
+    );
+    CREATE TABLE exchanges (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        session_id TEXT,
+        labels TEXT NOT NULL DEFAULT '{}',
+        method TEXT NOT NULL,
+        endpoint TEXT,
+        path TEXT NOT NULL,
+        upstream_url TEXT,
+        status INTEGER,
+        streamed INTEGER NOT NULL DEFAULT 0,
+        stream_complete INTEGER,
+        started REAL NOT NULL,
+        first_byte REAL,
+        ended REAL,
+        model TEXT,
+        request BLOB,
+        sent BLOB,
+        response BLOB,
+        raw_sse BLOB,
+        finish_reason TEXT,
+        prompt_tokens INTEGER,
+        completion_tokens INTEGER,
+        tool_calls INTEGER,
+        counted_prompt_tokens INTEGER,
+        budget TEXT,
+        error_class TEXT,
+        error_message TEXT,
+        user_agent TEXT,
+        retry_count INTEGER,
+        client_disconnected INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX exchanges_session ON exchanges (session_id, seq);
+    CREATE TABLE blobs (hash TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreClosed(RuntimeError):
+    """Raised by `submit` after `close`."""
+
+
+def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection with modeltap's settings; read-only connections cannot write by accident."""
+    if readonly:
+        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, check_same_thread=False)
+        conn.execute("PRAGMA query_only = ON")
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        # WAL + NORMAL survives a crash of the process (not of the OS) without losing commits.
+        conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA busy_timeout = 5000")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply the pending migrations, each in its own transaction; return the schema version."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"records database has schema version {version}, newer than this modeltap ({SCHEMA_VERSION}): "
+            "upgrade modeltap to read it"
+        )
+    for step in range(version, SCHEMA_VERSION):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[step]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {step + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return SCHEMA_VERSION
+
+
+def _statements(script: str) -> Iterator[str]:
+    # executescript() would commit the open transaction first; split so a step stays atomic.
+    for statement in script.split(";"):
+        if statement.strip():
+            yield statement
+
+
+@dataclass(slots=True)
+class _SessionRow:
+    id: str
+    labels: dict[str, str]
+    upstream: str | None
+    created: float
+    closed: float | None = None
+
+
+_EXCHANGE_COLUMNS = (
+    "id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
+    "started, first_byte, ended, model, request, sent, response, raw_sse, finish_reason, prompt_tokens, "
+    "completion_tokens, tool_calls, counted_prompt_tokens, budget, error_class, error_message, user_agent, "
+    "retry_count, client_disconnected"
+)
+_PLACEHOLDERS = ", ".join(["?"] * (_EXCHANGE_COLUMNS.count(",") + 1))
+_INSERT_EXCHANGE = f"INSERT INTO exchanges ({_EXCHANGE_COLUMNS}) VALUES ({_PLACEHOLDERS})"
+_Item = tuple[Exchange | _SessionRow, asyncio.AbstractEventLoop | None, "asyncio.Future[None] | None"]
+
+
+class RecordStore:
+    """The single writer of one records database. Not started → running → closed."""
+
+    def __init__(self, path: Path | str, *, keep_raw_sse: bool = False, queue_size: int = QUEUE_SIZE) -> None:
+        self.path = Path(path)
+        self.keep_raw_sse = keep_raw_sse
+        self.written = 0
+        self.failures = 0
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._queue_size = queue_size
+        self._slots: asyncio.Semaphore | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._known: OrderedDict[str, None] = OrderedDict()
+        self._last_lists: OrderedDict[tuple[str | None, str], tuple[str, list[str]]] = OrderedDict()
+
+    def start(self) -> None:
+        """Open (creating and migrating) the database and start the writer thread."""
+        if self._thread is not None or self._closed:
+            raise RuntimeError("a RecordStore starts once")
+        conn = connect(self.path)
+        migrate(conn)
+        self._thread = threading.Thread(target=self._run, args=(conn,), name="modeltap-store", daemon=True)
+        self._thread.start()
+
+    def record_session(
+        self, session_id: str, labels: dict[str, str], upstream: str | None, *, closed: bool = False
+    ) -> None:
+        """Record a session's opening (or closing), so it is listed even before its first exchange.
+        Thread-safe and non-blocking: sessions open rarely, so they bypass the back-pressure slots."""
+        if self._closed or self._thread is None:
+            raise StoreClosed("the record store is not running")
+        now = time.time()
+        self._queue.put((_SessionRow(session_id, labels, upstream, now, now if closed else None), None, None))
+
+    async def submit(self, exchange: Exchange, *, wait: bool = False) -> None:
+        """Queue `exchange` for writing. Awaits a free slot when the queue is full; with `wait`, also
+        awaits the commit."""
+        if self._closed or self._thread is None:
+            raise StoreClosed("the record store is not running")
+        loop = asyncio.get_running_loop()
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._queue_size)
+        await self._slots.acquire()
+        future = loop.create_future() if wait else None
+        self._queue.put((exchange, loop, future))
+        if future is not None:
+            await future
+
+    async def close(self) -> None:
+        """Drain the queue, commit, and stop the writer. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        await asyncio.to_thread(self._thread.join, CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.error(
+                "record store writer did not finish within %.0f s; some records may be lost", CLOSE_TIMEOUT_S
+            )
+
+    # -- the writer thread -------------------------------------------------------------------------
+
+    def _run(self, conn: sqlite3.Connection) -> None:
+        try:
+            while True:
+                first = self._queue.get()
+                batch = [first] if first is not None else []
+                stop = first is None
+                while not stop and len(batch) < BATCH_MAX:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        stop = True
+                    else:
+                        batch.append(nxt)
+                if batch:
+                    self._write_batch(conn, batch)
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _write_batch(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
+        error: BaseException | None = None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for item, _, _ in batch:
+                if isinstance(item, Exchange):
+                    self._write_exchange(conn, item)
+                else:
+                    _write_session(conn, item)
+            conn.execute("COMMIT")
+            self.written += sum(isinstance(item, Exchange) for item, _, _ in batch)
+        except Exception as exc:  # boundary: a write must never kill the writer; loud, counted, reported
+            error = exc
+            self.failures += len(batch)
+            self._known.clear()  # the rolled-back blobs may be among the known ones
+            self._last_lists.clear()
+            log.error("record store: failed to write %d record(s) to %s", len(batch), self.path, exc_info=exc)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        for _, loop, future in batch:
+            if loop is not None and self._slots is not None:
+                loop.call_soon_threadsafe(_settle, self._slots, future, error)
+
+    def _write_exchange(self, conn: sqlite3.Connection, ex: Exchange) -> None:
+        request = ex.request_json if ex.request_json is not None else _loads(ex.request)
+        summary = summarize(ex.endpoint or "", request, ex.response)
+        budget = ex.budget or {}
+        model = summary.model or (request.get("model") if isinstance(request, dict) else None)
+        if ex.session_id is not None:
+            conn.execute(
+                "INSERT OR IGNORE INTO sessions (id, created, labels) VALUES (?, ?, ?)",
+                (ex.session_id, ex.started, _dumps(ex.labels)),
+            )
+        conn.execute(
+            _INSERT_EXCHANGE,
+            (
+                ex.id,
+                ex.session_id,
+                _dumps(ex.labels),
+                ex.method,
+                ex.endpoint,
+                ex.path,
+                ex.upstream_url,
+                ex.status,
+                ex.streamed,
+                ex.stream_complete,
+                ex.started,
+                ex.first_byte,
+                ex.ended,
+                model,
+                self._pack_request(conn, ex.session_id, request, ex.request),
+                self._pack_request(conn, None, ex.sent, b"") if ex.sent is not None else None,
+                _compress_json(ex.response) if ex.response is not None else _compress_text(ex.response_text),
+                zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
+                summary.finish_reason,
+                summary.prompt_tokens,
+                summary.completion_tokens,
+                len(summary.tool_calls),
+                budget.get("prompt_tokens"),
+                _dumps(budget) if budget else None,
+                ex.error_class,
+                ex.error_message,
+                ex.user_agent,
+                ex.retry_count,
+                ex.client_disconnected,
+            ),
+        )
+
+    def _pack_request(
+        self, conn: sqlite3.Connection, session: str | None, body: Any, raw: bytes
+    ) -> bytes | None:
+        """The request as a compressed skeleton whose bulky fields are references to shared blobs."""
+        if not isinstance(body, dict):
+            return _compress_json({"raw": raw.decode("utf-8", "replace")}) if raw else None
+        rest: dict[str, Any] = {}
+        refs: dict[str, Any] = {}
+        for key, value in body.items():
+            if key in _LIST_FIELDS and isinstance(value, list):
+                refs[key] = {"list": self._list(conn, (session, key), [self._blob(conn, e) for e in value])}
+            elif key in _WHOLE_FIELDS and value is not None:
+                refs[key] = self._blob(conn, value)
+            else:
+                rest[key] = value
+        return _compress_json({"body": rest, "refs": refs, "order": list(body)})
+
+    def _list(self, conn: sqlite3.Connection, key: tuple[str | None, str], hashes: list[str]) -> str:
+        """A list node, extending the session's previous list when this one starts with it."""
+        prev = self._last_lists.get(key) if key[0] is not None else None
+        if prev is not None and prev[1] and hashes[: len(prev[1])] == prev[1]:
+            node = self._blob(conn, {"prev": prev[0], "add": hashes[len(prev[1]) :]})
+        else:
+            node = self._blob(conn, {"prev": None, "add": hashes})
+        if key[0] is not None:
+            self._last_lists[key] = (node, hashes)
+            self._last_lists.move_to_end(key)
+            if len(self._last_lists) > LAST_LISTS_MAX:
+                self._last_lists.popitem(last=False)
+        return node
+
+    def _blob(self, conn: sqlite3.Connection, value: Any) -> str:
+        data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        # 128 bits: collisions are out of reach (2^64 blobs), and every reference costs half a SHA-256's.
+        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+        if digest in self._known:
+            self._known.move_to_end(digest)
+            return digest
+        conn.execute("INSERT OR IGNORE INTO blobs (hash, data) VALUES (?, ?)", (digest, zlib.compress(data)))
+        self._known[digest] = None
+        if len(self._known) > KNOWN_BLOBS_MAX:
+            self._known.popitem(last=False)
+        return digest
+
+
+def _settle(
+    slots: asyncio.Semaphore, future: asyncio.Future[None] | None, error: BaseException | None
+) -> None:
+    slots.release()
+    if future is not None and not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
+def _write_session(conn: sqlite3.Connection, row: _SessionRow) -> None:
+    if row.closed is not None:
+        conn.execute("UPDATE sessions SET closed = ? WHERE id = ?", (row.closed, row.id))
+        return
+    conn.execute(
+        """INSERT INTO sessions (id, created, labels, upstream) VALUES (?, ?, ?, ?)
+           ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, upstream = excluded.upstream""",
+        (row.id, row.created, _dumps(row.labels), row.upstream),
+    )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _loads(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _compress_json(value: Any) -> bytes:
+    return zlib.compress(_dumps(value).encode())
+
+
+def _compress_text(text: str | None) -> bytes | None:
+    return None if text is None else _compress_json({"text": text})
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+_SUMMARY_COLUMNS = (
+    "seq, id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
+    "started, first_byte, ended, model, finish_reason, prompt_tokens, completion_tokens, tool_calls, "
+    "counted_prompt_tokens, budget, error_class, error_message, user_agent, retry_count, client_disconnected"
+)
+
+
+class StoreReader:
+    """Read-only access to a records database, safe beside a running writer.
+
+    >>> reader = StoreReader(".modeltap/records.db")    # doctest: +SKIP
+    >>> [s["id"] for s in reader.sessions()]            # doctest: +SKIP
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"no records database at {path} (give --store PATH or set MODELTAP_STORE)"
+            )
+        self.path = path
+        self._conn = connect(path, readonly=True)
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            raise RuntimeError(
+                f"records database {path} has schema version {version}; this modeltap reads {SCHEMA_VERSION}"
+                " (open it once with `modeltap serve` to migrate an older one)"
+            )
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """Every session with its exchange count, time span, token totals and error count, oldest first."""
+        rows = self._conn.execute(
+            """SELECT s.id, s.created, s.labels, s.upstream, s.closed,
+                      COUNT(e.seq) AS exchanges, MIN(e.started) AS first,
+                      MAX(COALESCE(e.ended, e.started)) AS last,
+                      SUM(e.prompt_tokens) AS prompt_tokens, SUM(e.completion_tokens) AS completion_tokens,
+                      SUM(e.error_class IS NOT NULL) AS errors
+               FROM sessions s LEFT JOIN exchanges e ON e.session_id = s.id
+               GROUP BY s.id ORDER BY s.created"""
+        ).fetchall()
+        return [dict(row) | {"labels": json.loads(row["labels"])} for row in rows]
+
+    def session_ids(self, prefix: str) -> list[str]:
+        """Session ids starting with `prefix`, so a person can type the first few characters."""
+        rows = self._conn.execute("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\'", (_like(prefix),))
+        return [row[0] for row in rows]
+
+    def exchanges(
+        self,
+        session_id: str | None = None,
+        *,
+        after_seq: int = 0,
+        bodies: bool = True,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Exchanges in recording order, optionally of one session and after a sequence number.
+        With `bodies`, each has its `request`, `sent` and `response` rebuilt as dicts."""
+        columns = _SUMMARY_COLUMNS + (", request, sent, response" if bodies else "")
+        sql = f"SELECT {columns} FROM exchanges WHERE seq > ?"
+        args: list[Any] = [after_seq]
+        if session_id is not None:
+            sql += " AND session_id = ?"
+            args.append(session_id)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [self._row(row, bodies) for row in self._conn.execute(sql, args)]
+
+    def exchange(self, exchange_id: str) -> dict[str, Any] | None:
+        row = self._conn.execute(
+            f"SELECT {_SUMMARY_COLUMNS}, request, sent, response FROM exchanges WHERE id = ?", (exchange_id,)
+        ).fetchone()
+        return None if row is None else self._row(row, True)
+
+    def raw_sse(self, exchange_id: str) -> bytes | None:
+        row = self._conn.execute("SELECT raw_sse FROM exchanges WHERE id = ?", (exchange_id,)).fetchone()
+        return zlib.decompress(row[0]) if row is not None and row[0] is not None else None
+
+    def size_bytes(self) -> dict[str, int]:
+        """Stored bytes of request skeletons, responses and blobs (compressed), for storage reports."""
+        req, resp = self._conn.execute(
+            "SELECT COALESCE(SUM(LENGTH(request)), 0), COALESCE(SUM(LENGTH(response)), 0) FROM exchanges"
+        ).fetchone()
+        blobs = self._conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM blobs").fetchone()[0]
+        return {"requests": req, "responses": resp, "blobs": blobs, "total": req + resp + blobs}
+
+    def _row(self, row: sqlite3.Row, bodies: bool) -> dict[str, Any]:
+        out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response")}
+        out["labels"] = json.loads(out["labels"])
+        out["budget"] = json.loads(out["budget"]) if out["budget"] else None
+        out["streamed"] = bool(out["streamed"])
+        out["client_disconnected"] = bool(out["client_disconnected"])
+        if bodies:
+            out["request"] = self._unpack_request(row["request"])
+            out["sent"] = self._unpack_request(row["sent"])
+            out["response"] = json.loads(zlib.decompress(row["response"])) if row["response"] else None
+        return out
+
+    def _unpack_request(self, packed: bytes | None) -> Any:
+        if packed is None:
+            return None
+        doc = json.loads(zlib.decompress(packed))
+        if "raw" in doc:
+            return doc["raw"]
+        body, refs = doc["body"], doc["refs"]
+        out: dict[str, Any] = {}
+        for key in doc["order"]:
+            if key not in refs:
+                out[key] = body[key]
+            elif isinstance(refs[key], dict):
+                out[key] = [self._blob(h) for h in self._list_hashes(refs[key]["list"])]
+            else:
+                out[key] = self._blob(refs[key])
+        return out
+
+    def _list_hashes(self, node: str) -> list[str]:
+        chunks: list[list[str]] = []
+        while node is not None:
+            doc = self._blob(node)
+            chunks.append(doc["add"])
+            node = doc["prev"]
+        return [h for chunk in reversed(chunks) for h in chunk]
+
+    def _blob(self, digest: str) -> Any:
+        row = self._conn.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
+        if row is None:
+            raise RuntimeError(f"records database {self.path} is missing blob {digest}")
+        return json.loads(zlib.decompress(row[0]))
+
+
+def _like(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"

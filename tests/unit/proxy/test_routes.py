@@ -1,0 +1,91 @@
+"""modeltap/proxy/routes.py: every endpoint at every prefix, control routes refused, unknown paths 404."""
+
+import pytest
+
+from modeltap.proxy.errors import Forbidden, NotFound
+from modeltap.proxy.routes import Dialect, Endpoint, resolve
+
+TOKEN = "A" * 43
+
+SUFFIXES = {
+    "chat/completions": Endpoint.CHAT,
+    "completions": Endpoint.COMPLETIONS,
+    "responses": Endpoint.RESPONSES,
+    "messages": Endpoint.MESSAGES,
+    "messages/count_tokens": Endpoint.COUNT_TOKENS,
+    "models": Endpoint.MODELS,
+    "embeddings": Endpoint.EMBEDDINGS,
+}
+PREFIXES = ["", "/v1", "/v1/v1", f"/s/{TOKEN}", f"/s/{TOKEN}/v1", f"/s/{TOKEN}/v1/v1"]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("suffix", list(SUFFIXES))
+def test_every_endpoint_at_every_prefix(prefix: str, suffix: str) -> None:
+    route = resolve(f"{prefix}/{suffix}")
+    assert route.endpoint is SUFFIXES[suffix]
+    assert route.session_token == (TOKEN if prefix.startswith("/s/") else None)
+
+
+def test_trailing_slash_and_model_id() -> None:
+    assert resolve("/v1/chat/completions/").endpoint is Endpoint.CHAT
+    route = resolve("/v1/models/qwen-7b")
+    assert (route.endpoint, route.model_id) == (Endpoint.MODELS, "qwen-7b")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/rl/set_reward",
+        "/v1/rl/set_reward",
+        f"/s/{TOKEN}/rl/set_reward",
+        f"/s/{TOKEN}/v1/rl/end_session",
+        "/export_trajectories",
+        "/grant_capacity",
+        "/call",
+        "/configure",
+        "/create_engine",
+        "/set_env",
+        "/alloc_ports",
+        "/internal/wait_for_session",
+        "/rl/start_session",
+    ],
+)
+def test_control_routes_are_forbidden(path: str) -> None:
+    with pytest.raises(Forbidden, match="never forwards"):
+        resolve(path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/v2/chat/completions",
+        "/chat",
+        "/v1/chat/completions/../rl/set_reward",
+        "/s/short/chat/completions",
+        "/v1//chat/completions",
+        "/models/a/b",
+    ],
+)
+def test_unknown_paths_are_not_found(path: str) -> None:
+    with pytest.raises(NotFound):
+        resolve(path)
+
+
+def test_token_is_masked_in_not_found_message() -> None:
+    with pytest.raises(NotFound) as info:
+        resolve(f"/s/{TOKEN}/nope")
+    assert TOKEN not in str(info.value)
+
+
+def test_dialects() -> None:
+    assert Endpoint.MESSAGES.dialect is Dialect.ANTHROPIC
+    assert Endpoint.COUNT_TOKENS.dialect is Dialect.ANTHROPIC
+    assert Endpoint.CHAT.dialect is Dialect.OPENAI
+    assert {e for e in Endpoint if e.budgeted} == {
+        Endpoint.CHAT,
+        Endpoint.COMPLETIONS,
+        Endpoint.RESPONSES,
+        Endpoint.MESSAGES,
+    }

@@ -1,0 +1,112 @@
+"""modeltap/proxy/upstream.py: layouts, the auto fallback on route-level 404s only, error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from modeltap.proxy.errors import NotFound, UpstreamTimeout, UpstreamUnreachable
+from modeltap.proxy.routes import Endpoint
+from modeltap.proxy.upstream import Upstream, map_client_error
+
+
+def upstream_app(log: list[str]) -> web.Application:
+    """Bare chat (AReaL-like, FastAPI 404 elsewhere), and an OpenAI-shaped 404 on /v1/embeddings."""
+
+    async def any_path(request: web.Request) -> web.Response:
+        log.append(request.path_qs)
+        if request.path == "/chat/completions":
+            return web.json_response({"ok": True})
+        if request.path == "/v1/embeddings":
+            return web.json_response(
+                {"error": {"message": "no model", "code": "model_not_found"}}, status=404
+            )
+        if request.path.startswith("/slow"):
+            await asyncio.sleep(5)
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", any_path)
+    return app
+
+
+@pytest.fixture
+async def served(aiohttp_server) -> AsyncIterator[tuple[str, list[str]]]:
+    log: list[str] = []
+    server = await aiohttp_server(upstream_app(log))
+    yield str(server.make_url("")).rstrip("/"), log
+
+
+async def test_auto_falls_back_once_and_remembers(served: tuple[str, list[str]]) -> None:
+    base, log = served
+    async with aiohttp.ClientSession() as client:
+        up = Upstream(base, "auto", client)
+        for _ in range(3):
+            reply = await up.send(Endpoint.CHAT, "POST", "beta=true", {}, b"{}")
+            assert reply.response.status == 200 and reply.path == "/chat/completions"
+            reply.response.release()
+    assert log == ["/v1/chat/completions?beta=true", "/chat/completions?beta=true",
+                   "/chat/completions?beta=true", "/chat/completions?beta=true"]  # fmt: skip
+
+
+async def test_api_shaped_404_is_not_a_missing_route(served: tuple[str, list[str]]) -> None:
+    base, log = served
+    async with aiohttp.ClientSession() as client:
+        reply = await Upstream(base, "auto", client).send(Endpoint.EMBEDDINGS, "POST", "", {}, b"{}")
+    assert reply.response.status == 404 and b"model_not_found" in (reply.body or b"")
+    assert log == ["/v1/embeddings"]  # never tried the bare path
+
+
+async def test_missing_everywhere_is_not_found(served: tuple[str, list[str]]) -> None:
+    base, _ = served
+    async with aiohttp.ClientSession() as client:
+        with pytest.raises(NotFound, match="tried /v1/models, /models"):
+            await Upstream(base, "auto", client).send(Endpoint.MODELS, "GET", "", {}, None)
+
+
+@pytest.mark.parametrize(
+    ("layout", "base_suffix", "expected"),
+    [
+        ("areal", "", "/chat/completions"),
+        ("openai", "", "/v1/chat/completions"),
+        ("areal", "/v1", "/v1/chat/completions"),
+    ],
+)
+async def test_fixed_layouts(
+    served: tuple[str, list[str]], layout: str, base_suffix: str, expected: str
+) -> None:
+    base, log = served
+    async with aiohttp.ClientSession() as client:
+        try:
+            await Upstream(base + base_suffix, layout, client).send(Endpoint.CHAT, "POST", "", {}, b"{}")  # type: ignore[arg-type]
+        except NotFound:
+            pass
+    assert log == [expected]
+
+
+async def test_unreachable_and_timeout_map_to_502_and_504(served: tuple[str, list[str]]) -> None:
+    base, _ = served
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=0.2)) as client:
+        with pytest.raises(UpstreamUnreachable, match="cannot connect"):
+            await Upstream("http://127.0.0.1:1", "openai", client).send(Endpoint.CHAT, "POST", "", {}, b"{}")
+        with pytest.raises(UpstreamTimeout, match="timed out"):
+            await Upstream(base + "/slow", "areal", client).send(Endpoint.CHAT, "POST", "", {}, b"{}")
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (TimeoutError(), 504),
+        (aiohttp.ServerTimeoutError("read"), 504),
+        (aiohttp.ConnectionTimeoutError("connect"), 504),
+        (aiohttp.ServerDisconnectedError(), 502),
+        (aiohttp.ClientPayloadError("truncated"), 502),
+        (aiohttp.ClientOSError(104, "reset"), 502),
+    ],
+)
+def test_client_exceptions_map(exc: BaseException, status: int) -> None:
+    assert map_client_error(exc, "http://u").status == status
