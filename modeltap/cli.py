@@ -69,6 +69,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--upstream-key", help="API key to send upstream instead of the client's")
     serve.add_argument("--model", help="model name that GET /v1/models lists when the upstream has none")
     serve.add_argument(
+        "--admin-key", help="key for the admin API /_modeltap/sessions (default: random, printed)"
+    )
+    serve.add_argument(
+        "--admin-remote", action="store_true", default=None, help="serve the admin API beyond loopback too"
+    )
+    serve.add_argument(
+        "--lend-key-to-anonymous",
+        action="store_true",
+        default=None,
+        help="on a non-loopback listener, send --upstream-key for requests without a session token too",
+    )
+    serve.add_argument(
+        "--session-ttl", dest="session_ttl_s", type=float, help="idle seconds before a session closes"
+    )
+    serve.add_argument(
         "--sync", action="store_true", default=None, help="commit each record before its response ends"
     )
     serve.add_argument(

@@ -29,6 +29,10 @@ DEFAULT_READ_TIMEOUT_S = 3600.0
 # A client that has not finished sending its headers and body within this is treated as gone
 # (slowloris); the largest legitimate body on loopback arrives in well under a second.
 DEFAULT_CLIENT_TIMEOUT_S = 60.0
+# Sessions idle longer than this are closed: AReaL's own proxy forgets its sessions after an hour
+# (rollout.agent.session_timeout_seconds, areal-proxy-protocol.md §5.1), so a longer-lived token
+# would only point at an upstream session that no longer exists.
+DEFAULT_SESSION_TTL_S = 3600.0
 BUDGET_POLICIES = ("clamp", "reject", "off")
 
 
@@ -61,6 +65,8 @@ class ProxyConfig:
     client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     lend_key_to_anonymous: bool = False
+    admin_remote: bool = False
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
     keep_raw_sse: bool = False
 
     def __post_init__(self) -> None:

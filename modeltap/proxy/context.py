@@ -7,6 +7,7 @@ Does not own: building the app (server.py) or handling requests (relay.py).
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ class ProxyContext:
     sessions: SessionRegistry
     store: RecordStore
     loopback_only: bool
+    admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
     started: float = field(default_factory=time.time)

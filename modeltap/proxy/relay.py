@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from modeltap.compat.clients import presented_key, retry_count
 from modeltap.compat.layouts import classify, parse_error
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.errors import (
@@ -88,7 +89,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         method=request.method,
         path=request.path_qs,
         user_agent=request.headers.get(hdrs.USER_AGENT),
-        retry_count=_retry_count(request),
+        retry_count=retry_count(request.headers),
     )
     dialect = dialect_for_path(request.path)
     recorded = False
@@ -183,7 +184,7 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
                 "new session"
             )
     else:
-        presented = _presented_key(request)
+        presented = presented_key(request.headers)
         session = ctx.sessions.by_token(presented) if presented else None
     if session is not None:
         url = session.upstream or config.upstream
@@ -204,19 +205,6 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
         "session base URL printed by `modeltap serve` (…/s/TOKEN), or open a session with "
         "POST /_modeltap/sessions"
     )
-
-
-def _retry_count(request: web.Request) -> int | None:
-    # The Stainless SDKs (openai, anthropic, Claude Code) number their retries (agent-clients.md).
-    value = request.headers.get("x-stainless-retry-count", "")
-    return int(value) if value.isdigit() else None
-
-
-def _presented_key(request: web.Request) -> str | None:
-    auth = request.headers.get(hdrs.AUTHORIZATION, "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
 
 
 def _session_hint(request: web.Request) -> str:

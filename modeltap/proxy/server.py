@@ -11,6 +11,7 @@ Does not own: what happens to one request (relay.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import logging
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from modeltap.proxy import network, relay
+from modeltap.proxy import admin, network, relay
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
@@ -26,6 +27,8 @@ from modeltap.records.store import RecordStore
 
 log = logging.getLogger(__name__)
 
+# Idle sessions are looked for at least this often (and at a quarter of the TTL when that is shorter).
+EXPIRY_SWEEP_MAX_S = 60.0
 # How long a graceful stop waits for running exchanges (a stream mid-generation) before cancelling them.
 SHUTDOWN_TIMEOUT_S = 10.0
 
@@ -40,13 +43,20 @@ def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.App
     def session_changed(session: Session, closed: bool) -> None:
         store.record_session(session.id, session.labels, session.upstream, closed=closed)
 
-    sessions = SessionRegistry(base_urls or (lambda: _base_urls(config.host, config.port)), session_changed)
+    sessions = SessionRegistry(
+        base_urls or (lambda: _base_urls(config.host, config.port)),
+        session_changed,
+        ttl_s=config.session_ttl_s,
+    )
     ctx = ProxyContext(config, sessions, store, loopback_only=network.is_loopback(config.host))
+    if config.admin_key:
+        ctx.admin_key = config.admin_key
     # Agents paste whole files into prompts: aiohttp's 1 MiB default would answer them 413.
     app = web.Application(client_max_size=config.max_body_bytes)
     app[CONTEXT] = ctx
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/_modeltap/health", _health)
+    admin.add_routes(app)
     # Connectivity checks (Claude Code's HEAD /api/hello: agent-clients.md) just need an answer.
     app.router.add_route("HEAD", "/{tail:.*}", _head)
     app.router.add_route("*", "/{tail:.*}", relay.handle)
@@ -56,11 +66,21 @@ def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.App
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
     ctx.store.start()
+    ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
         yield
     finally:
         await ctx.close()
         await ctx.store.close()
+
+
+async def _expire_sessions(ctx: ProxyContext) -> None:
+    """Close idle sessions now and then, so a forgotten token does not live for ever."""
+    ttl = ctx.config.session_ttl_s
+    while True:
+        await asyncio.sleep(min(max(ttl / 4, 1.0), EXPIRY_SWEEP_MAX_S))
+        for session_id in ctx.sessions.expire():
+            log.info("closed idle session %s", session_id)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -149,6 +169,11 @@ class Proxy:
         return self.context.sessions
 
     @property
+    def admin_key(self) -> str:
+        """The key the admin API (`/_modeltap/sessions`) requires: configured, or random per start."""
+        return self.context.admin_key
+
+    @property
     def host_base_url(self) -> str:
         """The URL a process on this host uses, without `/v1`."""
         return self._base_urls()[0]
@@ -178,6 +203,8 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
         f"  upstream  {config.upstream or '(none: sessions name their own)'}",
         f"  layout    {layouts[config.layout]}",
         f"  records   {config.store}",
+        f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",
+        f"            with Authorization: Bearer {proxy.admin_key}",
     ]
     base = default_session.host_base_url if default_session else proxy.host_base_url
     container = default_session.container_base_url if default_session else proxy.container_base_url

@@ -49,8 +49,10 @@ class SessionRegistry:
         self,
         base_urls: Callable[[], tuple[str, str | None]],
         on_change: Callable[[Session, bool], None] | None = None,
+        ttl_s: float | None = None,
     ) -> None:
         self._base_urls = base_urls
+        self.ttl_s = ttl_s
         self._on_change = on_change
         self._by_token: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
@@ -94,10 +96,27 @@ class SessionRegistry:
         return True
 
     def by_token(self, token: str) -> Session | None:
+        """The open session of `token`, or None. Using a session keeps it alive; one idle past the
+        TTL is closed here, at once, rather than at the next sweep."""
         session = self._by_token.get(token)
-        if session is not None:
-            session.last_used = time.monotonic()
+        if session is None:
+            return None
+        now = time.monotonic()
+        if self.ttl_s is not None and now - session.last_used > self.ttl_s:
+            self.close(session.id)
+            return None
+        session.last_used = now
         return session
+
+    def expire(self) -> list[str]:
+        """Close every session idle longer than the TTL; return their ids."""
+        if self.ttl_s is None:
+            return []
+        cutoff = time.monotonic() - self.ttl_s
+        idle = [s.id for s in self._by_id.values() if s.last_used < cutoff]
+        for session_id in idle:
+            self.close(session_id)
+        return idle
 
     def get(self, session_id: str) -> Session | None:
         return self._by_id.get(session_id)
