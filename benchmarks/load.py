@@ -1,0 +1,171 @@
+"""The load generator: a bounded run of chat completions at a fixed concurrency, timed per request.
+
+Owns: sending requests and timing them (total, and time to first body byte), checking each answer,
+and the percentile arithmetic. Not: which endpoints exist or what is started (configs.py).
+
+Every run is bounded twice: at most ``requests`` requests and at most ``time_cap_s`` seconds; workers
+stop taking new requests at the cap and the run reports what completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, hdrs
+
+from benchmarks.stand_in import CONTENT_MARKER
+
+# Warm-up requests before each timed run: connections opened, caches and JITs (LiteLLM's first request
+# took 660 ms here: peer-proxies.md §3.1) paid outside the numbers.
+WARMUP_REQUESTS = 20
+# A request slower than this is a failure, not a latency: no configuration is anywhere near it.
+REQUEST_TIMEOUT_S = 60.0
+STREAM_END = b"data: [DONE]"
+ERROR_SNIPPET_CHARS = 300
+PROBE_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a configuration answers chat completions, and the headers it wants."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """What one bounded run measured. Times are seconds; lists hold successful requests only."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    ttfbs_s: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+    wall_s: float = 0.0
+
+    def merge(self, other: Run) -> None:
+        """Add ``other``'s requests to this run, as if they had been one run."""
+        self.latencies_s += other.latencies_s
+        self.ttfbs_s += other.ttfbs_s
+        self.errors += other.errors
+        self.first_error = self.first_error or other.first_error
+        self.wall_s += other.wall_s
+
+    @property
+    def completed(self) -> int:
+        """Successful requests."""
+        return len(self.latencies_s)
+
+    def summary(self) -> dict[str, float | int | str | None]:
+        """The run as plain numbers (milliseconds, requests a second) for JSON and tables."""
+        return {
+            "requests": self.completed,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "wall_s": round(self.wall_s, 3),
+            "rps": round(self.completed / self.wall_s, 1) if self.wall_s else 0.0,
+            "p50_ms": percentile_ms(self.latencies_s, 50),
+            "p99_ms": percentile_ms(self.latencies_s, 99),
+            "ttfb_p50_ms": percentile_ms(self.ttfbs_s, 50),
+            "ttfb_p99_ms": percentile_ms(self.ttfbs_s, 99),
+        }
+
+
+def percentile_ms(values_s: list[float], pct: float) -> float | None:
+    """The ``pct`` percentile of ``values_s`` in milliseconds (linear between ranks); None when empty."""
+    if not values_s:
+        return None
+    ordered = sorted(values_s)
+    rank = (len(ordered) - 1) * pct / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    value = ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return round(value * 1000, 3)
+
+
+class AnswerError(Exception):
+    """The configuration answered, but not with the stand-in's completion."""
+
+
+async def _one(client: ClientSession, target: Target, body: bytes, stream: bool) -> tuple[float, float]:
+    started = time.perf_counter()
+    async with client.post(target.url, data=body, headers=target.headers) as response:
+        first = await response.content.readany()
+        ttfb = time.perf_counter() - started
+        whole = first + await response.content.read()
+        total = time.perf_counter() - started
+        if (
+            response.status != 200
+            or CONTENT_MARKER.encode() not in whole
+            or (stream and STREAM_END not in whole)
+        ):
+            raise AnswerError(f"{response.status}: {whole[:ERROR_SNIPPET_CHARS]!r}")
+    return total, ttfb
+
+
+async def run_load(
+    target: Target,
+    body_for: Callable[[int], bytes],
+    requests: int,
+    concurrency: int,
+    stream: bool,
+    time_cap_s: float,
+    warmup: int = WARMUP_REQUESTS,
+) -> Run:
+    """Send ``requests`` bodies (``body_for(i)``) from ``concurrency`` workers, within ``time_cap_s``."""
+    run = Run()
+    headers = {hdrs.CONTENT_TYPE: "application/json"}
+    connector = TCPConnector(limit=0)  # the workers set the concurrency, not the pool
+    async with ClientSession(
+        connector=connector,
+        headers=headers,
+        auto_decompress=False,
+        timeout=ClientTimeout(total=REQUEST_TIMEOUT_S),
+    ) as client:
+        for i in range(warmup):
+            try:
+                await _one(client, target, body_for(-1 - i), stream)
+            except (ClientError, TimeoutError, AnswerError):
+                pass  # counted below if the timed run fails the same way
+        next_index = 0
+        started = time.perf_counter()
+        deadline = started + time_cap_s
+
+        async def worker() -> None:
+            nonlocal next_index
+            while next_index < requests and time.perf_counter() < deadline:
+                index, next_index = next_index, next_index + 1
+                try:
+                    total, ttfb = await _one(client, target, body_for(index), stream)
+                except (ClientError, TimeoutError, AnswerError) as exc:
+                    run.errors += 1
+                    run.first_error = run.first_error or f"{type(exc).__name__}: {exc}"[:ERROR_SNIPPET_CHARS]
+                    continue
+                run.latencies_s.append(total)
+                run.ttfbs_s.append(ttfb)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        run.wall_s = time.perf_counter() - started
+    return run
+
+
+async def first_answer(target: Target, body: bytes, stream: bool, timeout_s: float) -> str | None:
+    """Retry one request until it succeeds or ``timeout_s`` passes; None on success, else the last error."""
+    deadline = time.monotonic() + timeout_s
+    problem = "no attempt"
+    async with ClientSession(
+        headers={hdrs.CONTENT_TYPE: "application/json"},
+        auto_decompress=False,
+        timeout=ClientTimeout(total=REQUEST_TIMEOUT_S),
+    ) as client:
+        while time.monotonic() < deadline:
+            try:
+                await _one(client, target, body, stream)
+                return None
+            except (ClientError, TimeoutError, AnswerError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"[:ERROR_SNIPPET_CHARS]
+            await asyncio.sleep(PROBE_INTERVAL_S)
+    return problem

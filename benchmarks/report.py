@@ -1,0 +1,59 @@
+"""Markdown pieces shared by the benchmark reports: tables, numbers, and the machine they ran on.
+
+Owns: how results read on the page. Not: computing them (bench_*.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    """A number for a table cell; an em dash for one not measured."""
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table as lines."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def preamble(results: dict[str, Any], title: str) -> list[str]:
+    """Title, the command, the machine and how loaded it was, the configurations and their versions."""
+    m, before, after = results["machine"], results["load_before"], results["load_after"]
+    lines = [
+        f"# {title}",
+        "",
+        f"Generated {results['generated']} by `{results['command']}`"
+        + (" (quick run: a smoke test, not numbers to quote)" if results["quick"] else "")
+        + ".",
+        "All on loopback: the stand-in upstream, the proxy and the load generator share the machine, so the",
+        "numbers are each proxy's CPU cost per request on it. Times in milliseconds unless marked.",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['kernel']}, {m['python']}.",
+        f"Load (shared machine): before the run {before['load_1m']} (1-min load average), "
+        f"{before['busy_percent']}% CPU busy over {before['sample_s']} s; after it {after['load_1m']}, "
+        f"{after['busy_percent']}% busy.",
+        "",
+        "## Configurations",
+        "",
+    ]
+    lines += table(
+        ["name", "what", "version", "status", "start s"],
+        [
+            [
+                row["name"],
+                row["description"],
+                row.get("version", "—"),
+                row["status"].splitlines()[0][:200],
+                fmt(row.get("startup_s"), 1),
+            ]
+            for row in results["configs"]
+        ],
+    )
+    return lines
