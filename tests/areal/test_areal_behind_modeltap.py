@@ -1,0 +1,197 @@
+"""modeltap in front of AReaL 1.0.4's real proxy server: what AReaL trains on equals what modeltap recorded.
+
+Each test plays one AReaL episode by hand, the way `OpenAIProxyWorkflow.arun_episode` does
+(shared/reference/areal-proxy-protocol.md §3.1): grant capacity, start an AReaL session, give the agent a
+modeltap session whose upstream key is AReaL's session key, set the reward on the last interaction, end
+the session, export. The agent never sees AReaL's key or address.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from areal.experimental.openai.types import InteractionWithTokenLogpReward
+from areal_server import ArealProxyServer, ArealSession
+from fake_engine import TOOL_COMMAND, TOOL_RESULT_ANSWER
+
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.server import Proxy
+from modeltap.proxy.sessions import Session
+from modeltap.records.store import StoreReader
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+ANTHROPIC_BASH_TOOL = {
+    "name": "Bash",
+    "description": "Run a shell command.",
+    "input_schema": BASH_TOOL["function"]["parameters"],
+}
+QUESTION = "What is six times seven? Use the shell."
+
+
+@dataclass
+class Episode:
+    """One AReaL session and the modeltap session that fronts it."""
+
+    areal: ArealSession
+    tap: Session
+
+
+@pytest.fixture
+async def modeltap(areal_server: ArealProxyServer, tmp_path: Path) -> AsyncIterator[Proxy]:
+    """modeltap on loopback with AReaL's proxy as its upstream, path layout found by probing."""
+    config = ProxyConfig(
+        upstream=areal_server.base_url,
+        host="127.0.0.1",
+        port=0,
+        store=str(tmp_path / "records.db"),
+        layout="auto",
+    )
+    async with Proxy(config) as proxy:
+        yield proxy
+
+
+async def open_episode(areal_server: ArealProxyServer, proxy: Proxy, task_id: str) -> Episode:
+    areal = await areal_server.open_session(task_id)
+    tap = proxy.sessions.open(
+        upstream=areal_server.base_url, upstream_key=areal.api_key, labels={"task_id": task_id}
+    )
+    return Episode(areal, tap)
+
+
+async def finish_episode(
+    areal_server: ArealProxyServer, proxy: Proxy, episode: Episode, reward: float | None
+) -> tuple[dict[str, InteractionWithTokenLogpReward], list[dict[str, Any]]]:
+    """Reward the last interaction (as the trainer does; None: leave it unset), export the episode from
+    AReaL, and read modeltap's records of the session (after a stop, which flushes them)."""
+    if reward is not None:
+        await areal_server.set_last_reward(episode.areal, reward)
+    exported = await areal_server.close_and_export(episode.areal)
+    await proxy.stop()
+    with StoreReader(proxy.config.store_path) as reader:
+        return exported, reader.exchanges(session_id=episode.tap.id)
+
+
+def assert_records_match(
+    exported: dict[str, InteractionWithTokenLogpReward], records: list[dict[str, Any]], reward: float
+) -> None:
+    """modeltap recorded exactly the model calls AReaL will train on, in order, with AReaL's token
+    counts, and the reward sits on the last of them."""
+    assert [record["status"] for record in records] == [200] * len(exported)
+    for record, (interaction_id, interaction) in zip(records, exported.items(), strict=True):
+        mask = interaction.to_tensor_dict()["loss_mask"][0].tolist()
+        assert (record["prompt_tokens"], record["completion_tokens"]) == (mask.index(1), sum(mask))
+        # AReaL 1.0.4 streams /v1/messages through litellm, which invents its own "msg_<uuid>" id;
+        # every other response carries the interaction id.
+        if record["streamed"] and record["endpoint"] == "messages":
+            assert record["response"]["id"].startswith("msg_")
+        else:
+            assert record["response"]["id"] == interaction_id
+    assert [interaction.reward for interaction in exported.values()][-1] == reward
+
+
+async def test_openai_sdk_at_v1_reaches_areal_and_is_recorded_turn_for_turn(
+    areal_server: ArealProxyServer, modeltap: Proxy
+) -> None:
+    episode = await open_episode(areal_server, modeltap, "openai-sdk")
+    # The habit AReaL answers with 404 on its own (test_areal_baseline): base_url ends in /v1.
+    client = openai.AsyncOpenAI(base_url=episode.tap.host_base_url + "/v1", api_key="unused", max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+
+    first = await client.chat.completions.create(model="policy", messages=messages, tools=[BASH_TOOL])
+    call = first.choices[0].message.tool_calls[0]
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "42\n"},
+    ]
+    stream = await client.chat.completions.create(
+        model="policy", messages=messages, tools=[BASH_TOOL], stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    exported, records = await finish_episode(areal_server, modeltap, episode, 1.0)
+
+    assert json.loads(call.function.arguments) == {"command": TOOL_COMMAND}
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == TOOL_RESULT_ANSWER
+    assert len(exported) == 2 and next(iter(exported)) == first.id
+    assert_records_match(exported, records, 1.0)
+    assert [record["streamed"] for record in records] == [False, True]
+    # The layout probe settled on AReaL's bare path; the session token never went upstream.
+    assert all(record["upstream_url"] == areal_server.base_url + "/chat/completions" for record in records)
+    assert all(episode.tap.token not in json.dumps(record) for record in records)
+
+
+@pytest.mark.parametrize("credential", ["path", "api_key"])
+async def test_anthropic_sdk_reaches_areal_messages_and_is_recorded(
+    areal_server: ArealProxyServer, modeltap: Proxy, credential: str
+) -> None:
+    episode = await open_episode(areal_server, modeltap, f"anthropic-{credential}")
+    # A session is reachable by its URL, or by the proxy's plain URL with the token as the API key.
+    if credential == "path":
+        client = anthropic.AsyncAnthropic(base_url=episode.tap.host_base_url, api_key="unused", max_retries=0)
+    else:
+        client = anthropic.AsyncAnthropic(
+            base_url=modeltap.host_base_url, api_key=episode.tap.token, max_retries=0
+        )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+
+    first = await client.messages.create(
+        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
+    )
+    tool_use = next(block for block in first.content if block.type == "tool_use")
+    messages += [
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "42"}]},
+    ]
+    async with client.messages.stream(
+        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
+    ) as stream:
+        second = await stream.get_final_message()
+    exported, records = await finish_episode(areal_server, modeltap, episode, 1.0)
+
+    assert tool_use.input == {"command": TOOL_COMMAND}
+    assert [block.text for block in second.content if block.type == "text"] == [TOOL_RESULT_ANSWER]
+    assert_records_match(exported, records, 1.0)
+    assert all(record["upstream_url"] == areal_server.base_url + "/v1/messages" for record in records)
+
+
+@pytest.mark.parametrize(
+    "path", ["/rl/set_reward", "/v1/rl/set_reward", "/export_trajectories", "/grant_capacity"]
+)
+async def test_a_session_token_cannot_reach_areals_control_routes(
+    areal_server: ArealProxyServer, modeltap: Proxy, path: str
+) -> None:
+    episode = await open_episode(areal_server, modeltap, "no-self-reward")
+    body = {"interaction_id": None, "reward": 1.0, "session_id": episode.areal.session_id}
+    async with httpx.AsyncClient(timeout=30) as client:
+        answered = await client.post(
+            episode.tap.host_base_url + "/v1/chat/completions",
+            json={"model": "policy", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        in_path = await client.post(episode.tap.host_base_url + path, json=body)
+        as_key = await client.post(
+            modeltap.host_base_url + path, json=body, headers={"Authorization": f"Bearer {episode.tap.token}"}
+        )
+    exported, _ = await finish_episode(areal_server, modeltap, episode, reward=None)
+
+    assert (answered.status_code, in_path.status_code, as_key.status_code) == (200, 403, 403)
+    assert in_path.json()["error"]["type"] == as_key.json()["error"]["type"]
+    # Nothing reached AReaL: had the agent's set_reward gone through, its interaction would hold 1.0.
+    assert [interaction.reward for interaction in exported.values()] == [0.0]
