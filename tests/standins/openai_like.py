@@ -1,0 +1,425 @@
+"""Stand-in for an OpenAI-compatible inference server (vLLM or SGLang), with the scripted model behind it.
+
+Owns: the `/v1` layout (chat/completions, completions, responses, embeddings, models), `GET /v1/models`
+with `max_model_len`, each flavour's context checks and error body (vLLM nested, SGLang flat:
+shared/reference/token-budgets.md §1.1, §1.4, §2.1, §2.3), vLLM's `model_not_found`-style 404, and
+OpenAI SSE as the agents accepted it (agent-clients.md, "SSE shapes the clients accepted"): a role
+chunk, the text or the tool-call arguments spread over several chunks, a finish chunk, a usage chunk
+with `choices: []` only when `stream_options.include_usage` is set, then `[DONE]`. Does not own: the
+scripted reply (script.py) or logging and faults (server.py).
+
+Unknown paths get FastAPI's `{"detail": "Not Found"}`, as both servers are FastAPI apps.
+
+    with OpenAILikeStandIn(flavor="sglang", max_model_len=4096) as upstream:
+        openai.OpenAI(base_url=upstream.v1_url, api_key="sk-test").chat.completions.create(...)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+
+from tests.standins import openai_wire, server
+from tests.standins.script import (
+    Conversation,
+    Reply,
+    Script,
+    approx_tokens,
+    chat_conversation,
+    reply_tokens,
+    responses_conversation,
+    shell_arithmetic,
+)
+from tests.standins.server import (
+    Dialect,
+    FaultKind,
+    StandIn,
+    json_response,
+    request_body,
+    send_json,
+    send_sse,
+)
+from tests.standins.wire import hex_id, text_pieces
+
+Flavor = Literal["vllm", "sglang"]
+DEFAULT_MODEL = "standin-model"
+DEFAULT_MAX_MODEL_LEN = 32768
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+MODEL_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"})
+# Small and fixed: enough for a client to parse a vector, nothing to compute.
+EMBEDDING_DIMENSIONS = 8
+
+
+@dataclass(frozen=True)
+class OpenAILikeConfig:
+    """What a test sets: the flavour, the served model, its window, and an optional API key."""
+
+    flavor: Flavor = "vllm"
+    model: str = DEFAULT_MODEL
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    api_key: str | None = None
+    script: Script = shell_arithmetic
+
+
+class OpenAIError(Exception):
+    """An error answered in the flavour's shape."""
+
+    def __init__(
+        self, status: int, message: str, error_type: str, param: str | None = None, code: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type
+        self.param = param
+        self.code = status if code is None else code
+
+
+class _UnauthorizedError(Exception):
+    """No or the wrong API key, when the stand-in was given one."""
+
+
+CONFIG = web.AppKey("openai_like_config", OpenAILikeConfig)
+
+
+def _error_body(flavor: Flavor, error: OpenAIError) -> dict[str, Any]:
+    """vLLM nests the error (token-budgets.md §2.3); SGLang's body is flat (§1.4)."""
+    fields = {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}
+    return {"error": fields} if flavor == "vllm" else {"object": "error", **fields}
+
+
+# Each flavour's length refusals, word for word (token-budgets.md §1.1 SGLang, §2.1 vLLM 0.33).
+SGLANG_INPUT_TOO_LONG = (
+    "The input ({prompt} tokens) is longer than the model's context length ({window} tokens)."
+)
+SGLANG_TOTAL_TOO_LONG = (
+    "Requested token count exceeds the model's maximum context length of {window} tokens. "
+    "You requested a total of {total} tokens: {prompt} tokens from the input messages and {output} tokens "
+    "for the completion. Please reduce the number of tokens in the input messages or the completion to fit "
+    "within the limit."
+)
+VLLM_OUTPUT_TOO_LONG = (
+    "{param}={output} cannot be greater than max_model_len={window}. Please request fewer output tokens. "
+    "(parameter={param}, value={output})"
+)
+VLLM_PROMPT_TOO_LONG = (
+    "This model's maximum context length is {window} tokens. However, your prompt contains {prompt} "
+    "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of "
+    "the input prompt. (parameter=input_tokens, value={prompt})"
+)
+VLLM_PROMPT_FILLS_WINDOW = (
+    "The decoder prompt (length {prompt}) plus the number of requested output tokens (at least 1) is "
+    "longer than the maximum model length of {window}."
+)
+
+
+def _check_context(config: OpenAILikeConfig, prompt: int, output: int | None, param: str) -> None:
+    """Refuse what the flavour refuses; vLLM 0.33 clamps a too-large prompt + output instead of refusing."""
+    window = config.max_model_len
+    if config.flavor == "sglang":
+        if prompt >= window:
+            raise OpenAIError(
+                400, SGLANG_INPUT_TOO_LONG.format(prompt=prompt, window=window), "BadRequestError"
+            )
+        if output is not None and prompt + output > window:
+            message = SGLANG_TOTAL_TOO_LONG.format(
+                window=window, total=prompt + output, prompt=prompt, output=output
+            )
+            raise OpenAIError(400, message, "BadRequestError")
+    elif output is not None and output > window:
+        message = VLLM_OUTPUT_TOO_LONG.format(param=param, output=output, window=window)
+        raise OpenAIError(400, message, "BadRequestError", param)
+    elif prompt > window:
+        message = VLLM_PROMPT_TOO_LONG.format(window=window, prompt=prompt)
+        raise OpenAIError(400, message, "BadRequestError", "input_tokens")
+    elif prompt == window:
+        message = VLLM_PROMPT_FILLS_WINDOW.format(prompt=prompt, window=window)
+        raise OpenAIError(400, message, "BadRequestError", "input_tokens")
+
+
+def _check_request(request: web.Request, config: OpenAILikeConfig, required: str) -> dict[str, Any]:
+    """Auth, JSON, the required field and the model name, in the order the servers check them."""
+    if config.api_key is not None:
+        authorization = request.headers.get("authorization", "")
+        if authorization != f"Bearer {config.api_key}":
+            # The API-key middleware of both servers answers a bare {"error": "Unauthorized"}; it is not in
+            # the reference notes, but it is what their api_server sources return.
+            raise _UnauthorizedError
+    body = request_body(request)
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "Expecting a JSON object as the request body", "BadRequestError")
+    if required not in body:
+        raise OpenAIError(
+            400,
+            f"[{{'type': 'missing', 'loc': ('body', '{required}'), 'msg': 'Field required'}}]",
+            "BadRequestError",
+        )
+    model = body.get("model")
+    # vLLM checks the served name (404 NotFoundError, param "model"); SGLang serves whatever is asked.
+    if config.flavor == "vllm" and model is not None and model != config.model:
+        raise OpenAIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    return body
+
+
+class _UnauthorizedError(Exception):
+    """No or the wrong API key, when the stand-in was given one."""
+
+
+Handler = Callable[[web.Request, OpenAILikeConfig], Awaitable[web.StreamResponse]]
+
+
+def _route(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Run a handler with the app's config, answering its errors in the flavour's shape."""
+
+    async def run(request: web.Request) -> web.StreamResponse:
+        config = request.app[CONFIG]
+        try:
+            return await handler(request, config)
+        except _UnauthorizedError:
+            return json_response({"error": "Unauthorized"}, 401)
+        except OpenAIError as error:
+            return json_response(_error_body(config.flavor, error), error.status)
+
+    return run
+
+
+def _max_tokens(body: dict[str, Any]) -> tuple[int | None, str]:
+    """`max_completion_tokens` wins over `max_tokens` in both servers (token-budgets.md §1.1, §2.1)."""
+    if body.get("max_completion_tokens") is not None:
+        return int(body["max_completion_tokens"]), "max_completion_tokens"
+    if body.get("max_tokens") is not None:
+        return int(body["max_tokens"]), "max_tokens"
+    return None, "max_tokens"
+
+
+def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """The chunks of agent-clients.md: role, text pieces or a tool-call header then its arguments in two
+    pieces, finish, usage (only with include_usage), [DONE]."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    stamp = {
+        "id": completion["id"],
+        "object": "chat.completion.chunk",
+        "created": completion["created"],
+        "model": completion["model"],
+    }
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choices = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+        return openai_wire.sse_data({**stamp, "choices": choices})
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    for call in message["tool_calls"] or []:
+        arguments = call["function"]["arguments"]
+        header = {
+            "index": 0,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
+        chunks.append(chunk({"tool_calls": [header]}))
+        half = len(arguments) // 2
+        for part in (arguments[:half], arguments[half:]):
+            chunks.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}))
+    if message["content"]:
+        chunks += [chunk({"content": piece}) for piece in text_pieces(message["content"])]
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage:
+        chunks.append(openai_wire.sse_data({**stamp, "choices": [], "usage": completion["usage"]}))
+    return [*chunks, openai_wire.SSE_DONE]
+
+
+async def _chat_completions(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
+    body = _check_request(request, config, "messages")
+    prompt_tokens = approx_tokens(body.get("messages"), body.get("tools"))
+    _check_context(config, prompt_tokens, *_max_tokens(body))
+    reply = config.script(chat_conversation(body))
+    completion = openai_wire.chat_completion(
+        reply,
+        completion_id=hex_id("chatcmpl-", 32),
+        tool_call_id=hex_id("chatcmpl-tool-", 32),
+        tool_call_content=None,
+        model=body.get("model") or config.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=reply_tokens(reply),
+    )
+    if body.get("stream") is True:
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return await send_sse(request, _chat_chunks(completion, include_usage), SSE_HEADERS)
+    return await send_json(request, completion)
+
+
+async def _completions(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
+    body = _check_request(request, config, "prompt")
+    prompt_tokens = approx_tokens(body["prompt"])
+    _check_context(config, prompt_tokens, *_max_tokens(body))
+    reply = config.script(Conversation(last_user_text=str(body["prompt"])))
+    reply = Reply(text=reply.text)
+    completion = openai_wire.text_completion(
+        reply,
+        model=body.get("model") or config.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=reply_tokens(reply),
+    )
+    if body.get("stream") is True:
+        stamp = {key: completion[key] for key in ("id", "object", "created", "model")}
+        pieces = [
+            {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+            for piece in text_pieces(reply.text)
+        ]
+        pieces[-1]["finish_reason"] = "stop"
+        chunks = [openai_wire.sse_data({**stamp, "choices": [piece]}) for piece in pieces]
+        return await send_sse(request, [*chunks, openai_wire.SSE_DONE], SSE_HEADERS)
+    return await send_json(request, completion)
+
+
+async def _responses(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
+    body = _check_request(request, config, "input")
+    prompt_tokens = approx_tokens(body.get("instructions"), body.get("input"), body.get("tools"))
+    _check_context(config, prompt_tokens, body.get("max_output_tokens"), "max_output_tokens")
+    reply = config.script(responses_conversation(body))
+    response = openai_wire.response_object(
+        reply,
+        request=body,
+        model=body.get("model") or config.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=reply_tokens(reply),
+    )
+    if body.get("stream") is True:
+        return await send_sse(request, openai_wire.response_events(response), SSE_HEADERS)
+    return await send_json(request, response)
+
+
+def _embedding(text: str) -> list[float]:
+    """A deterministic vector for `text`, so a test can compare two answers."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round(byte / 255, 4) for byte in digest[:EMBEDDING_DIMENSIONS]]
+
+
+async def _embeddings(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
+    body = _check_request(request, config, "input")
+    inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    tokens = approx_tokens(inputs)
+    data = [
+        {"object": "embedding", "index": index, "embedding": _embedding(str(text))}
+        for index, text in enumerate(inputs)
+    ]
+    answer = {
+        "object": "list",
+        "data": data,
+        "model": body.get("model") or config.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    return await send_json(request, answer)
+
+
+async def _models(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
+    card = {
+        "id": config.model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": config.flavor,
+        "root": config.model,
+        "parent": None,
+        "max_model_len": config.max_model_len,
+    }
+    return json_response({"object": "list", "data": [card]})
+
+
+async def _health(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
+    return web.Response()
+
+
+def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
+    """Injected errors with the messages the agents were measured against (agent-clients.md, errors)."""
+
+    def build(kind: FaultKind, body: Any) -> tuple[int, Any]:
+        model = body.get("model") if isinstance(body, dict) else None
+        errors = {
+            "404": OpenAIError(
+                404,
+                f"The model `{model}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                None,
+                "model_not_found",
+            ),
+            "400ctx": OpenAIError(
+                400,
+                "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+                "9000 tokens. Please reduce the length of the messages.",
+                "invalid_request_error",
+                "messages",
+                "context_length_exceeded",
+            ),
+            "401": OpenAIError(
+                401,
+                "Incorrect API key provided: sk-test***.",
+                "invalid_request_error",
+                None,
+                "invalid_api_key",
+            ),
+            "429": OpenAIError(
+                429, "Rate limit reached (stand-in)", "rate_limit_error", None, "rate_limit_exceeded"
+            ),
+            "500": OpenAIError(
+                500,
+                "The server had an error while processing your request.",
+                "server_error",
+                None,
+                "server_error",
+            ),
+        }
+        error = errors[kind]
+        return error.status, _error_body(flavor, error)
+
+    return build
+
+
+def build_app(config: OpenAILikeConfig) -> web.Application:
+    """The vLLM / SGLang stand-in app for `config`."""
+    dialect = Dialect(
+        name=config.flavor,
+        model_paths=MODEL_PATHS,
+        route_error=lambda status: {"detail": "Not Found" if status == 404 else "Method Not Allowed"},
+        fault_error=_fault_error(config.flavor),
+        broken_sse=b"data: {not json\n\n",
+    )
+    app = server.build_app(
+        dialect,
+        [
+            web.post("/v1/chat/completions", _route(_chat_completions)),
+            web.post("/v1/completions", _route(_completions)),
+            web.post("/v1/responses", _route(_responses)),
+            web.post("/v1/embeddings", _route(_embeddings)),
+            web.get("/v1/models", _route(_models)),
+            web.get("/health", _route(_health)),
+        ],
+    )
+    app[CONFIG] = config
+    return app
+
+
+class OpenAILikeStandIn(StandIn):
+    """The vLLM / SGLang stand-in, served from its own thread; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        flavor: Flavor = "vllm",
+        model: str = DEFAULT_MODEL,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+        api_key: str | None = None,
+        script: Script = shell_arithmetic,
+    ) -> None:
+        self.config = OpenAILikeConfig(flavor, model, max_model_len, api_key, script)
+        super().__init__(build_app(self.config))
+
+    @property
+    def v1_url(self) -> str:
+        """The base URL the OpenAI SDK and opencode are given: `http://127.0.0.1:PORT/v1`."""
+        return self.url + "/v1"
