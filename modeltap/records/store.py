@@ -263,27 +263,38 @@ class RecordStore:
             conn.close()
 
     def _write_batch(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
-        error: BaseException | None = None
+        """Commit a batch in one transaction; if that fails, write its items one by one, so one bad
+        record costs only itself."""
+        error = self._write_items(conn, batch)
+        errors = [error] * len(batch)
+        if error is not None and len(batch) > 1:
+            errors = [self._write_items(conn, [item]) for item in batch]
+        for (item, _, _), item_error in zip(batch, errors, strict=True):
+            if item_error is None:
+                self.written += isinstance(item, Exchange)
+            else:
+                self.failures += 1
+                log.error("record store: failed to write a record to %s", self.path, exc_info=item_error)
+        for (_, loop, future), item_error in zip(batch, errors, strict=True):
+            if loop is not None and self._slots is not None:
+                loop.call_soon_threadsafe(_settle, self._slots, future, item_error)
+
+    def _write_items(self, conn: sqlite3.Connection, items: list[_Item]) -> Exception | None:
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for item, _, _ in batch:
+            for item, _, _ in items:
                 if isinstance(item, Exchange):
                     self._write_exchange(conn, item)
                 else:
                     _write_session(conn, item)
             conn.execute("COMMIT")
-            self.written += sum(isinstance(item, Exchange) for item, _, _ in batch)
-        except Exception as exc:  # boundary: a write must never kill the writer; loud, counted, reported
-            error = exc
-            self.failures += len(batch)
-            self._known.clear()  # the rolled-back blobs may be among the known ones
-            self._last_lists.clear()
-            log.error("record store: failed to write %d record(s) to %s", len(batch), self.path, exc_info=exc)
+            return None
+        except Exception as exc:  # boundary: a write must never kill the writer; the caller logs and counts
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-        for _, loop, future in batch:
-            if loop is not None and self._slots is not None:
-                loop.call_soon_threadsafe(_settle, self._slots, future, error)
+            self._known.clear()  # the rolled-back blobs may be among the known ones
+            self._last_lists.clear()
+            return exc
 
     def _write_exchange(self, conn: sqlite3.Connection, ex: Exchange) -> None:
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
@@ -404,7 +415,7 @@ def _dumps(value: Any) -> str:
 def _loads(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

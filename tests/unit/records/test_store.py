@@ -139,3 +139,18 @@ def test_reader_is_read_only_and_checks_the_version(tmp_path: Path) -> None:
         migrate(connect(tmp_path / "r.db"))
     with pytest.raises(FileNotFoundError, match="--store"):
         StoreReader(tmp_path / "missing.db")
+
+
+async def test_a_bad_record_costs_only_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = RecordStore(tmp_path / "r.db")
+    store.start()
+    poison = chat_exchange("p", 0)
+    poison.labels = {"task": object()}  # type: ignore[dict-item]  # not JSON: its write fails
+    await asyncio.gather(*(store.submit(e) for e in [chat_exchange("p", 0), poison, chat_exchange("p", 1)]))
+    with pytest.raises(TypeError):
+        await store.submit(poison, wait=True)
+    await store.close()
+    assert (store.written, store.failures) == (2, 2)
+    assert "failed to write a record" in caplog.text
+    with StoreReader(tmp_path / "r.db") as reader:
+        assert len(reader.exchanges("p")) == 2
