@@ -36,15 +36,20 @@ _BARE = {
 _AREAL_V1 = {"messages", "count_tokens"}
 
 
-def upstream_paths(layout: Layout, endpoint: str, base_has_v1: bool) -> list[str]:
+def upstream_paths(
+    layout: Layout, endpoint: str, base_has_v1: bool, auto_first: Literal["areal", "openai"] = "openai"
+) -> list[str]:
     """The upstream paths to try for `endpoint`, most likely first.
 
-    A base URL that already ends in `/v1` is joined as it is, so it has exactly one candidate.
+    A base URL that already ends in `/v1` is joined as it is, so it has exactly one candidate. `auto`
+    tries the `auto_first` layout's path first (compat/areal.py says `areal` where AReaL is installed).
 
     >>> upstream_paths("areal", "chat", False)
     ['/chat/completions']
     >>> upstream_paths("auto", "chat", False)
     ['/v1/chat/completions', '/chat/completions']
+    >>> upstream_paths("auto", "chat", False, auto_first="areal")
+    ['/chat/completions', '/v1/chat/completions']
     """
     bare = "/" + _BARE[endpoint]
     if base_has_v1:
@@ -52,8 +57,11 @@ def upstream_paths(layout: Layout, endpoint: str, base_has_v1: bool) -> list[str
     v1 = "/v1" + bare
     if layout == "openai":
         return [v1]
+    areal = v1 if endpoint in _AREAL_V1 else bare
     if layout == "areal":
-        return [v1 if endpoint in _AREAL_V1 else bare]
+        return [areal]
+    if auto_first == "areal":
+        return [areal, bare if areal == v1 else v1]
     return [v1, bare]
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 from aiohttp import web
 
+from modeltap.compat.areal import installed_capabilities
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.sessions import SessionRegistry
 from modeltap.proxy.tasks import Tasks
@@ -40,6 +41,10 @@ class ProxyContext:
     budget: Budget | None = None
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
     started: float = field(default_factory=time.time)
+    # Where AReaL is installed (the adapter runs inside it), its bare path is the likely one.
+    auto_first: Literal["areal", "openai"] = field(
+        default_factory=lambda: installed_capabilities().auto_first
+    )
     _upstreams: dict[str, Upstream] = field(default_factory=dict)
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
 
@@ -57,7 +62,9 @@ class ProxyContext:
                 skip_auto_headers=(aiohttp.hdrs.USER_AGENT,),
             )
             self._clients.append(client)
-            upstream = self._upstreams[base_url] = Upstream(base_url, self.config.layout, client)
+            upstream = self._upstreams[base_url] = Upstream(
+                base_url, self.config.layout, client, self.auto_first
+            )
         return upstream
 
     async def close(self) -> None:

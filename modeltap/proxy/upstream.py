@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import aiohttp
 
@@ -52,16 +53,23 @@ class Reply:
 class Upstream:
     """An upstream server at `base_url`, spoken to through one pooled `aiohttp.ClientSession`."""
 
-    def __init__(self, base_url: str, layout: Layout, client: aiohttp.ClientSession) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        layout: Layout,
+        client: aiohttp.ClientSession,
+        auto_first: Literal["areal", "openai"] = "openai",
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.layout = layout
+        self.auto_first = auto_first
         self._client = client
         self._has_v1 = self.base_url.endswith("/v1")
         self._chosen: dict[Endpoint, str] = {}
 
     def candidates(self, endpoint: Endpoint) -> list[str]:
         """Upstream paths to try, the one that worked before first."""
-        paths = upstream_paths(self.layout, endpoint.value, self._has_v1)
+        paths = upstream_paths(self.layout, endpoint.value, self._has_v1, self.auto_first)
         known = self._chosen.get(endpoint)
         return [known] if known in paths else paths
 

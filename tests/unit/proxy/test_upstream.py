@@ -110,3 +110,13 @@ async def test_unreachable_and_timeout_map_to_502_and_504(served: tuple[str, lis
 )
 def test_client_exceptions_map(exc: BaseException, status: int) -> None:
     assert map_client_error(exc, "http://u").status == status
+
+
+async def test_auto_tries_the_bare_path_first_where_areal_is_installed(served: tuple[str, list[str]]) -> None:
+    base, log = served
+    async with aiohttp.ClientSession() as client:
+        reply = await Upstream(base, "auto", client, auto_first="areal").send(
+            Endpoint.CHAT, "POST", "", {}, b"{}"
+        )
+        reply.response.release()
+    assert log == ["/chat/completions"]
