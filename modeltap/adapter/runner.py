@@ -1,0 +1,315 @@
+"""Plays one task: its agents in one sandbox, its checks, and the reward they add up to.
+
+Owns: the order of a run (sandbox, helpers before, solver, answer, helpers after, checks), each
+agent's environment (the solver gets the URL it is handed, every other agent its own endpoint), the
+checks and judge calls, the score, and the failures a run can end in. Does not own: the proxy session
+or the records (workflow.py), or how commands execute (sandbox.py).
+
+    AdapterError                  a run that yields no reward; `reason` and the run's `logs`
+    ├── RunFailed                 the run broke (sandbox, agent exit, timeout, judge down): leave it out
+    ├── Unscored                  the run ended but its checks recorded no score: leave it out
+    └── ModelFault                the model was at fault (context overflow, unparseable tool call):
+                                  train on it as reward 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from modeltap.adapter.bundle import Agent, Check, Helper, Judge, Mount, Task
+from modeltap.adapter.sandbox import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
+
+# What an exception message carries of the run's log: the tail, where the failure is.
+MAX_MESSAGE_LOG_CHARS = 6000
+# A judge answers one short prompt; two minutes means it is down or overloaded.
+JUDGE_TIMEOUT_S = 120.0
+# The judge states its score as "SCORE: x" with 0 <= x <= 1; the last such line counts.
+JUDGE_SCORE = re.compile(r"SCORE:\s*([01](?:\.\d+)?)\b", re.IGNORECASE)
+JUDGE_PROMPT = string.Template(
+    "You grade an AI agent's answer to a task.\n\nTask:\n${prompt}\n\nAnswer:\n${answer}\n\n"
+    "Rubric:\n${rubric}\n\nEnd your reply with one line `SCORE: x`, where x is a number from 0 to 1."
+)
+JUDGE_MAX_TOKENS = 1024
+ANTHROPIC_VERSION = "2023-06-01"
+# The environment variable a command check reads the solver's answer from.
+ANSWER_VARIABLE = "MODELTAP_ANSWER"
+
+
+class AdapterError(Exception):
+    """A run that yields no reward. `reason` says why in one line; `logs` is what the run printed."""
+
+    def __init__(self, reason: str, logs: Sequence[str] = ()) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.logs = logs
+
+    def __str__(self) -> str:
+        log = "\n".join(self.logs)
+        if not log:
+            return self.reason
+        return f"{self.reason}\n--- run log (tail) ---\n{log[-MAX_MESSAGE_LOG_CHARS:]}"
+
+
+class RunFailed(AdapterError):
+    """The run broke: the sandbox failed, an agent exited non-zero or ran out of time, a judge was down."""
+
+
+class Unscored(AdapterError):
+    """The run ended, but its checks recorded no score: no answer to read, or a judge gave no score."""
+
+
+class ModelFault(AdapterError):
+    """The run failed because of what the model did (context overflow, a tool call that does not parse),
+    so it is a valid, zero-reward sample rather than a broken one."""
+
+
+@dataclass(frozen=True, slots=True)
+class SolverEndpoint:
+    """Where the solver's model traffic goes: the proxy session, as a host process and a container
+    reach it, and the key to present."""
+
+    host_url: str
+    container_url: str | None
+    api_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """Everything one run needs, resolved from the bundle before it starts."""
+
+    run_id: str
+    task: Task
+    solver: Agent
+    helpers: tuple[tuple[Helper, Agent], ...]
+    judges: Mapping[str, Judge]
+    endpoint: SolverEndpoint
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """A scored run: the reward, the answer it was read from, each check's score, and the run's log."""
+
+    reward: float
+    answer: str | None
+    scores: tuple[float, ...]
+    logs: Sequence[str] = field(default=())
+
+
+async def play(plan: RunPlan, provider: SandboxProvider) -> RunResult:
+    """Play `plan` in a fresh sandbox, removed before this returns or raises (cancellation included).
+
+    Raises RunFailed or Unscored; never returns without a score.
+    """
+    spec = SandboxSpec(plan.run_id, plan.solver.image, plan.solver.workdir, _mounts(plan))
+    try:
+        sandbox = await provider.open(spec)
+    except SandboxError as exc:
+        raise RunFailed(f"task {plan.task.id!r}: no sandbox: {exc}") from exc
+    async with sandbox:
+        try:
+            async with asyncio.timeout(plan.timeout_s):
+                return await _play_in(sandbox, plan)
+        except TimeoutError:
+            raise RunFailed(
+                f"task {plan.task.id!r} ran past its {plan.timeout_s:g} s limit", sandbox.logs
+            ) from None
+        except SandboxError as exc:
+            raise RunFailed(f"task {plan.task.id!r}: {exc}", sandbox.logs) from exc
+        except AdapterError as exc:
+            exc.logs = sandbox.logs  # the same list: what closing the sandbox adds shows up too
+            raise
+
+
+async def _play_in(sandbox: Sandbox, plan: RunPlan) -> RunResult:
+    task = plan.task
+    for helper, agent in plan.helpers:
+        if helper.stage == "before":
+            await _run_helper(sandbox, plan, helper, agent)
+    solver_url = _solver_url(sandbox, plan)
+    result = await _run_agent(sandbox, plan, plan.solver, task.prompt, solver_url, plan.endpoint.api_key)
+    if result.exit_code != 0:
+        raise RunFailed(f"task {task.id!r}: the solver {plan.solver.name!r} exited {result.exit_code}")
+    answer = await _read_answer(sandbox, plan.solver, result)
+    for helper, agent in plan.helpers:
+        if helper.stage == "after":
+            await _run_helper(sandbox, plan, helper, agent)
+    scores = tuple([await _score(sandbox, plan, check, answer) for check in task.checks])
+    weights = [check.weight for check in task.checks]
+    if task.score == "all":
+        reward = min(scores)
+    else:
+        reward = sum(s * w for s, w in zip(scores, weights, strict=True)) / sum(weights)
+    sandbox.logs.append(f"task {task.id!r}: scores {list(scores)} -> reward {reward:g}")
+    return RunResult(float(reward), answer, scores)
+
+
+def _mounts(plan: RunPlan) -> tuple[Mount, ...]:
+    """The solver's mounts and the helpers', once each by target."""
+    by_target = {mount.target: mount for _, agent in plan.helpers for mount in agent.mounts}
+    by_target.update({mount.target: mount for mount in plan.solver.mounts})
+    return tuple(by_target.values())
+
+
+def _solver_url(sandbox: Sandbox, plan: RunPlan) -> str:
+    if sandbox.endpoint_kind == "host":
+        return plan.endpoint.host_url
+    if plan.endpoint.container_url is None:
+        raise RunFailed(
+            "the proxy listens on loopback only, which a container cannot reach; give AgentWorkflow "
+            "proxy={'host': '0.0.0.0'} (the default) or runner='local'"
+        )
+    return plan.endpoint.container_url
+
+
+async def _run_helper(sandbox: Sandbox, plan: RunPlan, helper: Helper, agent: Agent) -> None:
+    own = agent.endpoint
+    prompt = string.Template(helper.prompt).substitute(
+        _variables(sandbox, plan, agent, plan.task.prompt, "", "")
+    )
+    result = await _run_agent(sandbox, plan, agent, prompt, own.base_url or "", own.api_key or "")
+    if result.exit_code != 0:
+        raise RunFailed(f"task {plan.task.id!r}: helper {agent.name!r} exited {result.exit_code}")
+
+
+async def _run_agent(
+    sandbox: Sandbox, plan: RunPlan, agent: Agent, prompt: str, base_url: str, api_key: str
+) -> ExecResult:
+    """Run one agent's command with its endpoint in its environment and the template filled in."""
+    url = base_url + agent.endpoint.suffix
+    variables = _variables(sandbox, plan, agent, prompt, url, api_key)
+    argv = [string.Template(arg).substitute(variables) for arg in agent.command]
+    env = {name: string.Template(value).substitute(variables) for name, value in agent.env.items()}
+    env.update(dict.fromkeys(agent.endpoint.base_url_vars, url))
+    env.update(dict.fromkeys(agent.endpoint.api_key_vars, api_key))
+    sandbox.logs.append(f"== {agent.name} (run {plan.run_id}) ==")
+    return await sandbox.exec(argv, env, plan.timeout_s)
+
+
+def _variables(
+    sandbox: Sandbox, plan: RunPlan, agent: Agent, prompt: str, url: str, key: str
+) -> dict[str, str]:
+    variables = {
+        "prompt": prompt,
+        "task_id": plan.task.id,
+        "base_url": url,
+        "api_key": key,
+        "model": agent.endpoint.model or "default",
+        "workdir": sandbox.workdir,
+        "home": sandbox.home,
+    }
+    variables.update({f"mount_{mount.name}": sandbox.mount_path(mount) for mount in agent.mounts})
+    return variables
+
+
+async def _read_answer(sandbox: Sandbox, agent: Agent, result: ExecResult) -> str | None:
+    """The solver's answer as its `answer` setting says to read it; None when there is none."""
+    kind = agent.answer.kind
+    if kind == "file":
+        data = await sandbox.read_file(agent.answer.path or "")
+        return None if data is None else data.decode("utf-8", errors="replace").strip()
+    if kind == "opencode-json":
+        return _opencode_answer(result.stdout)
+    if kind == "claude-json":
+        try:
+            doc = json.loads(result.stdout)
+        except ValueError:
+            return None
+        answer = doc.get("result") if isinstance(doc, dict) else None
+        return answer.strip() if isinstance(answer, str) else None
+    return result.stdout.strip()
+
+
+def _opencode_answer(stdout: str) -> str | None:
+    """The text of the final step of `opencode run --format json` (one JSON event per line:
+    step_start, tool_use, text, step_finish; shared/reference/agent-clients.md)."""
+    texts: list[str] = []
+    for line in stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "step_start":
+            texts = []
+        part = event.get("part")
+        if event.get("type") == "text" and isinstance(part, dict) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+    return "".join(texts).strip() if texts else None
+
+
+async def _score(sandbox: Sandbox, plan: RunPlan, check: Check, answer: str | None) -> float:
+    if check.kind == "command":
+        result = await sandbox.exec(check.expected, {ANSWER_VARIABLE: answer or ""}, plan.timeout_s)
+        if result.timed_out:
+            raise RunFailed(f"task {plan.task.id!r}: a command check ran out of time")
+        return 1.0 if result.exit_code == 0 else 0.0
+    if answer is None:
+        raise Unscored(
+            f"task {plan.task.id!r}: the solver {plan.solver.name!r} left no answer "
+            f"(read from {plan.solver.answer.kind}), so its {check.kind} check cannot score"
+        )
+    expected = str(check.expected)
+    if check.kind == "contains":
+        return 1.0 if expected in answer else 0.0
+    if check.kind == "exact":
+        return 1.0 if answer.strip() == expected.strip() else 0.0
+    if check.kind == "regex":
+        return 1.0 if re.search(expected, answer, re.MULTILINE) else 0.0
+    judge = plan.judges[str(check.judge)]
+    reply = await _ask_judge(
+        judge, JUDGE_PROMPT.substitute(prompt=plan.task.prompt, answer=answer, rubric=expected)
+    )
+    sandbox.logs.append(f"judge {judge.name}: {reply[-2000:]}")
+    scores = JUDGE_SCORE.findall(reply)
+    if not scores:
+        raise Unscored(f"task {plan.task.id!r}: judge {judge.name!r} replied without a SCORE line")
+    return min(float(scores[-1]), 1.0)
+
+
+async def _ask_judge(judge: Judge, prompt: str) -> str:
+    """One judge call, straight to the judge's own endpoint (never through the proxy)."""
+    messages = [{"role": "user", "content": prompt}]
+    body: dict[str, object] = {"model": judge.model, "messages": messages, "max_tokens": JUDGE_MAX_TOKENS}
+    headers = {"content-type": "application/json"}
+    if judge.api == "anthropic":
+        url = judge.base_url.rstrip("/") + "/v1/messages"
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+        if judge.api_key:
+            headers["x-api-key"] = judge.api_key
+    else:
+        url = judge.base_url.rstrip("/") + "/chat/completions"
+        if judge.api_key:
+            headers["authorization"] = f"Bearer {judge.api_key}"
+    timeout = aiohttp.ClientTimeout(total=JUDGE_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as client,
+            client.post(url, json=body, headers=headers) as r,
+        ):
+            text = await r.text()
+            if r.status != 200:
+                raise RunFailed(f"judge {judge.name!r} answered {r.status}: {text[:500]}")
+            doc = json.loads(text)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise RunFailed(f"judge {judge.name!r} at {url} failed: {exc!r}") from exc
+    return _judge_text(judge, doc)
+
+
+def _judge_text(judge: Judge, doc: object) -> str:
+    try:
+        if judge.api == "anthropic":
+            return "".join(block.get("text", "") for block in doc["content"])  # type: ignore[index]
+        return doc["choices"][0]["message"]["content"] or ""  # type: ignore[index]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise RunFailed(
+            f"judge {judge.name!r} sent a reply of an unexpected shape: {str(doc)[:500]}"
+        ) from exc

@@ -1,0 +1,302 @@
+"""AgentWorkflow: the inline agent AReaL's OpenAIProxyWorkflow runs for each sample; task_rows, the
+dataset it plays; should_reject_failed_sample, which failures leave a sample out.
+
+Owns: turning one AReaL call (`data`, `base_url`, `api_key`) into one run: the per-process prepared
+bundle, the proxy session whose upstream is AReaL, the reward as a float, and the failure policy
+(including telling a model fault from a broken run by the session's records). Does not own: playing
+the task (runner.py), sandboxes (sandbox.py) or the background loop (loop.py). Imports no AReaL.
+
+In an AReaL experiment config (examples/areal.yaml):
+
+    workflow: modeltap.adapter.AgentWorkflow
+    workflow_kwargs: {bundle: /abs/path/bundle.toml, runner: docker, proxy: {store: /abs/records.db}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from modeltap.adapter.bundle import Bundle, BundleError, Task, load_bundle
+from modeltap.adapter.loop import background
+from modeltap.adapter.runner import (
+    AdapterError,
+    ModelFault,
+    RunFailed,
+    RunPlan,
+    SolverEndpoint,
+    Unscored,
+    play,
+)
+from modeltap.adapter.sandbox import SandboxProvider, provider_for
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.server import Proxy
+from modeltap.records.store import StoreReader
+
+log = logging.getLogger(__name__)
+
+FailurePolicy = Literal["raise", "zero-model-faults", "zero"]
+FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("raise", "zero-model-faults", "zero")
+# The adapter's proxy, unless proxy={...} says otherwise:
+# - every interface, so containers reach it through the bridge gateway (DESIGN §6);
+# - AReaL's path layout, which every AReaL version serves (areal-proxy-protocol.md §2);
+# - sync: each exchange is committed before its response ends, so a failed run's records are complete
+#   when the run ends and a model fault in them is never missed.
+PROXY_DEFAULTS: Mapping[str, Any] = {"host": "0.0.0.0", "port": 0, "layout": "areal", "sync": True}
+# Finish reasons that promise tool calls; with none parsed, the model's tool-call output was invalid
+# (AReaL answers `finish_reason: tool_calls` with `tool_calls: null`: areal-proxy-protocol.md §4.2).
+TOOL_FINISH_REASONS = frozenset({"tool_calls", "tool_use"})
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A bundle ready to play: loaded, its selection checked, its images present."""
+
+    bundle: Bundle
+    task_ids: frozenset[str]
+    agent: str | None
+
+
+class AgentWorkflow:
+    """An AReaL inline agent that plays one bundle task per sample, the solver's model traffic
+    going through modeltap to AReaL.
+
+    >>> workflow = AgentWorkflow("examples/bundle.toml", tasks=["add-2-3"])
+    >>> reward = await workflow.run({"task_id": "add-2-3"}, base_url=areal_url, api_key=session_key)
+
+    - `bundle`: the bundle file; `tasks`: the task ids it may play (default: all); `agent`: an agent
+      of the bundle that replaces every task's solver.
+    - `runner`: "docker" (a container per run) or "local" (host processes, no isolation).
+    - `proxy`: ProxyConfig fields for the process's proxy (default PROXY_DEFAULTS; e.g. `store`).
+    - `timeout_s`: limit on one run, in place of the tasks' own.
+    - `on_failure`: "raise" (default) raises RunFailed, Unscored or ModelFault, for AReaL versions that
+      ask should_reject_failed_sample, which leave one failed sample out and train model faults as 0.
+      AReaL 2.1.0 and earlier have no such hook: an exception rejects the whole group
+      (areal-proxy-protocol.md §3.4). There, "zero-model-faults" returns 0.0 for model faults and
+      still raises for broken runs (what the hook would do, except that a broken run costs its
+      group), and "zero" returns 0.0 for every failure: no group is lost, but a run broken by the
+      sandbox or a judge then teaches the policy that its answer was wrong, which biases training
+      if such failures are common.
+
+    Construction does no I/O: AReaL builds a new instance on every submit, and the bundle is
+    prepared once per process per argument set, on first use.
+    """
+
+    def __init__(
+        self,
+        bundle: str | os.PathLike[str],
+        tasks: Iterable[str] | None = None,
+        agent: str | None = None,
+        runner: str = "docker",
+        proxy: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        on_failure: FailurePolicy = "raise",
+    ) -> None:
+        if runner not in ("docker", "local"):
+            raise ValueError(f'runner={runner!r}: use "docker" or "local"')
+        if on_failure not in FAILURE_POLICIES:
+            raise ValueError(f"on_failure={on_failure!r}: use one of {', '.join(FAILURE_POLICIES)}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s!r}: give a positive number of seconds")
+        self.bundle = os.fspath(bundle)
+        self.tasks = None if tasks is None else tuple(tasks)
+        self.agent = agent
+        self.runner = runner
+        self.proxy_config = ProxyConfig(**{**PROXY_DEFAULTS, **(proxy or {})})
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure
+        # What makes two workflows play the same thing: AReaL's per-submit rebuilds share one preparation.
+        self._key = ("bundle", os.path.abspath(self.bundle), self.tasks, agent, runner)
+
+    async def run(self, data: Mapping[str, Any], *, base_url: str, api_key: str, **_: Any) -> float:
+        """Play the task `data["task_id"]` and return its reward as a float.
+
+        AReaL passes `base_url` and `api_key` (its session key) and an `http_client` this ignores.
+        `data` is read, never changed: a group's samples share it.
+        """
+        task_id = data.get("task_id")
+        try:
+            return await background().run(self._play(task_id, base_url, api_key), f"run:{task_id}")
+        except AdapterError as exc:
+            if self.on_failure == "zero" or (
+                self.on_failure == "zero-model-faults" and isinstance(exc, ModelFault)
+            ):
+                log.warning("task %s: %s; reward 0.0 (on_failure=%s)", task_id, exc.reason, self.on_failure)
+                return 0.0
+            raise
+
+    async def prepare(self) -> Prepared:
+        """Load and check the bundle and its images, once per process for these arguments; run() does
+        this itself on first use."""
+        return await background().run(self._prepared(), "prepare")
+
+    @staticmethod
+    def should_reject_failed_sample(exc: BaseException) -> bool:
+        """See `should_reject_failed_sample`."""
+        return should_reject_failed_sample(exc)
+
+    async def _prepared(self) -> Prepared:
+        return await background().shared(self._key, self._prepare)
+
+    async def _prepare(self) -> Prepared:
+        bundle = await asyncio.to_thread(load_bundle, self.bundle)
+        tasks = (
+            [bundle.task(task_id) for task_id in self.tasks] if self.tasks else list(bundle.tasks.values())
+        )
+        images = {_sandbox_image(bundle, task, self.agent) for task in tasks}
+        # A SandboxError here (no daemon, no image) is not one run's failure, so it is not an
+        # AdapterError: no on_failure policy turns it into a reward.
+        await (await _provider(self.runner)).prepare(image for image in images if image)
+        return Prepared(bundle, frozenset(task.id for task in tasks), self.agent)
+
+    async def _play(self, task_id: object, base_url: str, api_key: str) -> float:
+        prepared = await self._prepared()
+        task = prepared.bundle.task(task_id)
+        if task.id not in prepared.task_ids:
+            raise BundleError(
+                f"{prepared.bundle.path}: task {task.id!r} is not among this workflow's tasks "
+                f"{sorted(prepared.task_ids)}; add it to workflow_kwargs.tasks or drop it from the dataset"
+            )
+        solver = prepared.bundle.solver_for(task, self.agent)
+        proxy = await _proxy(self.proxy_config)
+        provider = await _provider(self.runner)
+        run_id = f"{_label_safe(task.id)}-{secrets.token_hex(6)}"
+        labels = {
+            "task_id": task.id,
+            "agent": solver.name,
+            "run": run_id,
+            "areal_session": _fingerprint(api_key),
+        }
+        session = proxy.sessions.open(upstream=base_url, upstream_key=api_key, labels=labels)
+        try:
+            plan = RunPlan(
+                run_id=run_id,
+                task=task,
+                solver=solver,
+                helpers=tuple(prepared.bundle.helper_agents(task)),
+                judges=prepared.bundle.judges,
+                endpoint=SolverEndpoint(session.host_base_url, session.container_base_url, session.token),
+                timeout_s=self.timeout_s or task.timeout_s,
+            )
+            try:
+                result = await play(plan, provider)
+            except (RunFailed, Unscored) as exc:
+                fault = await asyncio.to_thread(_model_fault, self.proxy_config.store_path, session.id)
+                if fault is not None:
+                    raise ModelFault(f"task {task.id!r}: {fault} ({exc.reason})", exc.logs) from exc
+                raise
+            return float(result.reward)
+        finally:
+            proxy.sessions.close(session.id)
+
+
+def should_reject_failed_sample(exc: BaseException) -> bool:
+    """Whether AReaL should leave out the sample whose run raised `exc`.
+
+    False when the model was at fault (ModelFault anywhere in the exception's chain): that run is a
+    valid sample, trained as reward 0. True for everything else: a broken run says nothing about
+    the policy.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ModelFault):
+            return False
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return True
+
+
+def task_rows(
+    bundle: str | os.PathLike[str], tasks: Sequence[str] | None = None, agent: str | None = None
+) -> list[dict[str, Any]]:
+    """The dataset for a bundle: one row per trainable task, `{"task_id", "messages"}`, in file order.
+
+    A task is trainable unless it says `train = false`, and only if it has a solver (its own, the
+    bundle's, or `agent`). Naming an untrainable task in `tasks` is an error, not a silent drop.
+    Reads the file: call it while building the dataset, not on an event loop.
+    """
+    loaded = load_bundle(bundle)
+    selected = [loaded.task(task_id) for task_id in tasks] if tasks else list(loaded.tasks.values())
+    rows = []
+    for task in selected:
+        has_solver = (agent or task.solver or loaded.solver) is not None
+        if has_solver:
+            loaded.solver_for(task, agent)  # raises if `agent` is not an agent of the bundle
+        if task.train and has_solver:
+            rows.append({"task_id": task.id, "messages": [{"role": "user", "content": task.prompt}]})
+        elif tasks:
+            raise BundleError(
+                f"{loaded.path}: task {task.id!r} is not trainable (train = false, or no solver)"
+            )
+    return rows
+
+
+def _sandbox_image(bundle: Bundle, task: Task, agent: str | None) -> str | None:
+    """The image a task's sandbox is made from: the solver's. Helpers run in the same sandbox, so
+    an image of their own would be silently ignored; that is an error instead."""
+    solver = bundle.solver_for(task, agent)
+    for _, helper in bundle.helper_agents(task):
+        if helper.image not in (None, solver.image):
+            raise BundleError(
+                f"{bundle.path}: helper {helper.name!r} of task {task.id!r} names image "
+                f"{helper.image!r}, but helpers run in the solver's sandbox ({solver.image!r}); "
+                "drop its image or make them match"
+            )
+    return solver.image
+
+
+async def _proxy(config: ProxyConfig) -> Proxy:
+    """The process's proxy for `config`, started on first use (AReaL's runs all share one)."""
+    key = ("proxy", json.dumps(_public_fields(config), sort_keys=True, default=str))
+
+    async def start() -> Proxy:
+        return await Proxy(config).start()
+
+    async def stop(proxy: Proxy) -> None:
+        await proxy.stop()
+
+    return await background().shared(key, start, stop)
+
+
+async def _provider(runner: str) -> SandboxProvider:
+    async def make() -> SandboxProvider:
+        return provider_for(runner)
+
+    async def close(provider: SandboxProvider) -> None:
+        await provider.close()
+
+    return await background().shared(("sandboxes", runner), make, close)
+
+
+def _public_fields(config: ProxyConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def _model_fault(store_path: os.PathLike[str], session_id: str) -> str | None:
+    """What the model did wrong in the session, from its records; None if nothing."""
+    with StoreReader(store_path) as reader:
+        rows = reader.exchanges(session_id=session_id, bodies=False)
+    for row in rows:
+        if row["error_class"] == "model_fault":
+            return f"the model's context overflowed ({row['error_message']})"
+        if row["finish_reason"] in TOOL_FINISH_REASONS and not row["tool_calls"]:
+            reason = row["finish_reason"]
+            return f"the model's tool call did not parse (finish_reason {reason!r} with no tool calls)"
+    return None
+
+
+def _fingerprint(api_key: str) -> str:
+    """A stable, non-secret name for AReaL's session key, to group records by AReaL session."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:12]
+
+
+def _label_safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:48]
