@@ -7,6 +7,7 @@
     ├── Forbidden             403  a trainer control route (/rl/*, /export_trajectories, ...)
     ├── NotFound              404  unknown path, or an endpoint the upstream does not serve
     ├── MethodNotAllowed      405  a known endpoint called with the wrong method
+    ├── ClientTooSlow         408  the request body did not arrive within the client timeout
     ├── PayloadTooLarge       413  request body over the configured limit
     ├── NotImplemented_       501  an endpoint modeltap cannot answer in this configuration
     ├── UpstreamUnreachable   502  connection refused, reset, or a broken response before the status
@@ -91,6 +92,16 @@ class MethodNotAllowed(ProxyError):
     openai_type = "invalid_request_error"
     anthropic_type = "invalid_request_error"
     code = "method_not_allowed"
+    error_class = "client_error"
+
+
+class ClientTooSlow(ProxyError):
+    """The client took longer than the client timeout to send its body (a slowloris, or a dead peer)."""
+
+    status = 408
+    openai_type = "invalid_request_error"
+    anthropic_type = "timeout_error"
+    code = "request_timeout"
     error_class = "client_error"
 
 

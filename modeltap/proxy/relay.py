@@ -25,6 +25,7 @@ from modeltap.compat.layouts import classify, parse_error
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.errors import (
     BadRequest,
+    ClientTooSlow,
     MethodNotAllowed,
     NotFound,
     NotImplemented_,
@@ -221,9 +222,14 @@ async def _read_body(ctx: ProxyContext, request: web.Request, ex: Exchange) -> d
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body is {request.content_length} bytes; the limit is {limit}")
     try:
-        ex.request = await request.read()
+        async with asyncio.timeout(ctx.config.client_timeout_s):
+            ex.request = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"the request body is over the limit of {limit} bytes") from None
+    except TimeoutError:
+        raise ClientTooSlow(
+            f"the request body did not arrive within {ctx.config.client_timeout_s:g} s"
+        ) from None
     declared = request.headers.get(hdrs.CONTENT_TYPE)
     if declared is not None and not _is_json_type(request.content_type):
         raise BadRequest(f"Content-Type must be application/json, not {declared!r}")

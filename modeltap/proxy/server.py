@@ -133,7 +133,13 @@ class Proxy:
         async with contextlib.AsyncExitStack() as stack:
             self._app = build_app(self.config, self._base_urls)
             runner = web.AppRunner(
-                self._app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+                self._app,
+                handler_cancellation=True,
+                access_log=None,
+                shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                # aiohttp arms this timer when a connection opens, so a client that never completes its
+                # headers (slowloris) is dropped after it too, not only an idle keep-alive connection.
+                keepalive_timeout=self.config.client_timeout_s,
             )
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
