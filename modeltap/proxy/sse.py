@@ -31,6 +31,10 @@ _BOM = "\ufeff"
 # How much of an offending event an error message quotes: enough to recognise it in `modeltap show`,
 # short enough to stay on one line.
 _QUOTED_CHARS = 80
+# How much of an upstream error message the record's error line keeps. AReaL's "Failed after N
+# retries" detail carries the whole prompt's token ids (shared/reference/areal-proxy-protocol.md §4.1);
+# the start says what went wrong.
+_ERROR_CHARS = 1000
 # The largest choice, block, item or part index taken at face value. No real response has that many;
 # a larger one is garbage, and filling a part list up to it would let one bad event allocate without
 # bound. Garbage indices count as 0.
@@ -107,7 +111,7 @@ class SSEDecoder:
         """End the stream: returns the event still being built, if it has data.
 
         The spec drops an event that the stream ends before its blank line; a recorder keeps what
-        arrived, and its caller can tell such an event from the others by where it came from.
+        arrived, and treats what `flush` returns as possibly cut short.
         """
         events: list[SSEEvent] = []
         if self._partial:
@@ -149,9 +153,9 @@ class Assembled:
     """What a stream amounted to.
 
     `body` is the non-streamed body it rebuilds (None if nothing usable arrived); `events` counts the
-    SSE events; `complete` says whether the stream ended properly ([DONE], message_stop,
-    response.completed); `error` describes the first problem: invalid SSE, an error event, or a
-    stream cut short.
+    SSE events; `complete` says whether the stream ended properly (OpenAI's [DONE], Anthropic's
+    message_stop, a Responses stream's response.completed, .incomplete or .failed); `error` describes
+    the first problem: invalid SSE, an error event, or a stream cut short.
     """
 
     body: dict[str, Any] | None
@@ -262,13 +266,14 @@ def _upstream_error(obj: dict[str, Any]) -> str | None:
 
 def _describe(error: Any) -> str:
     if not isinstance(error, dict):
-        return str(error)
+        error = {"message": error}
     message = error.get("message")
     kind = error.get("type")
     if kind in (None, "error"):
         kind = error.get("code")
     text = str(message) if message is not None else json.dumps(error)
-    return f"{kind}: {text}" if kind else text
+    text = f"{kind}: {text}" if kind else text
+    return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS] + "…"
 
 
 class _Dialect(Protocol):
@@ -407,14 +412,14 @@ class _ChatChunks(_Chunks):
     def _merge_call(self, index: int, state: dict[str, Any], call: dict[str, Any], position: int) -> None:
         # A call's first chunk carries its id and name; later ones only add to the arguments. AReaL
         # 1.0.4 sends each call whole in one chunk (shared/reference/areal-tier.md §6), later AReaL
-        # in two (areal-proxy-protocol.md §1.1): both land here.
-        # Servers that repeat the id or name on later chunks repeat the same value, so the first wins.
-        number = _index(call.get("index", position))
+        # in two (areal-proxy-protocol.md §1.1): both land here. Servers that repeat the id or name
+        # on later chunks repeat the same value, so the first one wins.
+        number = _index(call.get("index", position))  # OpenAI requires `index`; else its position
         entry = state.setdefault("calls", {}).setdefault(number, {"id": None, "type": None, "name": None})
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
-        for key, value in (("id", call), ("type", call), ("name", function)):
-            if value.get(key) and entry[key] is None:
-                entry[key] = value[key]
+        function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}
+        for key, source in (("id", call), ("type", call), ("name", function)):
+            if source.get(key) and entry[key] is None:
+                entry[key] = source[key]
         self._pieces.add((index, "call", number), function.get("arguments"))
 
     def _choice(self, index: int, state: dict[str, Any]) -> dict[str, Any]:
@@ -586,7 +591,7 @@ class _ResponseEvents:
         return False
 
     def body(self) -> dict[str, Any] | None:
-        if self._final or (self._response is None and not self._items):
+        if self._final or (self._response is None and not self._items and not self._pieces.keys()):
             return self._response
         response = dict(self._response or {"object": "response"})
         items = {index: dict(item) for index, item in self._items.items()}

@@ -703,6 +703,14 @@ def test_openai_error_event_mid_stream() -> None:
     assert result.complete is True
 
 
+def test_long_upstream_error_is_cut_and_a_bare_string_is_its_message() -> None:
+    # areal-proxy-protocol.md §4.1: "Failed after N retries" carries the whole prompt's token ids.
+    detail = "Failed after 3 retries each. Payload: " + "151644, " * 5000
+    result = assemble("chat", data({"error": {"message": detail}}) + DONE)
+    assert result.error == "event 1: upstream error: " + detail[:1000] + "…"
+    assert assemble("chat", data({"error": "boom"}) + DONE).error == "event 1: upstream error: boom"
+
+
 def test_anthropic_error_event() -> None:
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     result = assemble("messages", event("message_start", MESSAGE_START) + event("error", error))
