@@ -15,19 +15,15 @@ import argparse
 import asyncio
 import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bodies import short_turn
 from benchmarks.harness import RESULTS, Running, log, run_configs, select
 from benchmarks.load import Run, first_answer, run_load
 from benchmarks.report import fmt, preamble, table
-from benchmarks.stand_in import MODEL
 
-# About 200 words and a 16-token answer, the request of the peer measurements (peer-proxies.md §1).
-PROMPT_WORDS = 200
-MAX_TOKENS = 16
 # Per scenario: at most this long, so the slowest peer (LiteLLM, ~84 req/s at c=8 here) still stops.
 TIME_CAP_S = 20.0
 QUICK_DIVISOR = 10
@@ -56,33 +52,9 @@ SCENARIOS = [
 ]
 
 
-def chat_body(prompt_words: int = PROMPT_WORDS) -> Callable[..., bytes]:
-    """``body_for(i, stream=False)``: a chat request whose last words differ per request, like turns."""
-    words = " ".join(f"word{n % 97}" for n in range(prompt_words))
-    head = json.dumps(
-        {
-            "model": MODEL,
-            "max_tokens": MAX_TOKENS,
-            "messages": [
-                {"role": "system", "content": "You are a helpful coding agent."},
-                {"role": "user", "content": words + " request "},
-            ],
-        }
-    )
-    prefix, suffix = head[:-4].encode(), head[-4:].encode()  # insert the request number before '"}]}'
-
-    def body_for(index: int, stream: bool = False) -> bytes:
-        body = prefix + str(index).encode() + suffix
-        if stream:
-            body = body[:-1] + b', "stream": true, "stream_options": {"include_usage": true}}'
-        return body
-
-    return body_for
-
-
 async def measure(running: list[Running], quick: bool) -> None:
     """Every scenario against every configuration, interleaved in rounds; streams where accepted."""
-    body_for = chat_body()
+    body_for = short_turn()
     for r in running:
         problem = await first_answer(r.started.target, body_for(0, True), stream=True, timeout_s=5)
         r.row["streams"] = problem is None
@@ -118,7 +90,7 @@ async def measure(running: list[Running], quick: bool) -> None:
 async def run_all(only: str | None, quick: bool) -> dict[str, Any]:
     """The whole overhead run, with the goals judged on it."""
     results = await run_configs(
-        __spec__.name, select(only), quick, chat_body()(0), functools.partial(measure, quick=quick)
+        __spec__.name, select(only), quick, short_turn()(0), functools.partial(measure, quick=quick)
     )
     results["goals"] = goals(results)
     return results

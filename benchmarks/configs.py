@@ -8,10 +8,13 @@ process mechanics (processes.py). The recipes for the peers are shared/reference
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import secrets
+import sqlite3
 import subprocess
 import sys
 import time
@@ -77,6 +80,10 @@ class Configuration(ABC):
         """The chat completions URL (and headers) the load generator uses."""
         return Target(f"http://{HOST}:{port}{CHAT_PATH}")
 
+    def recorded(self, workdir: Path) -> str | None:
+        """What the configuration recorded in ``workdir`` once stopped (None: it records nothing to disk)."""
+        return None
+
     def prepare(self, upstream: str, port: int) -> None:
         """Set-up calls the proxy needs once it listens (registrations); nothing by default."""
         return None
@@ -129,27 +136,30 @@ class Modeltap(Configuration):
         ).stdout.strip()
         return f"{importlib.metadata.version('modeltap')} ({commit or 'no git'})"
 
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        """``modeltap serve`` with recording on (``--store``) and the budget on (tokenizer and context)."""
+        flags = {
+            "--upstream": upstream + "/v1",
+            "--host": HOST,
+            "--port": str(port),
+            "--store": str(workdir / "records.db"),
+            "--tokenizer": str(qwen_tokenizer_dir()),
+            "--context-length": str(CONTEXT_LENGTH),
+        }
+        return [str(self.executable), "serve", *itertools.chain.from_iterable(flags.items())]
+
     def launch(self, upstream: str, port: int, workdir: Path) -> Service:
-        return start(
-            self.name,
-            [
-                str(self.executable),
-                "serve",
-                "--upstream",
-                upstream + "/v1",
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-                "--store",
-                str(workdir / "records.db"),
-                "--tokenizer",
-                str(qwen_tokenizer_dir()),
-                "--context-length",
-                str(CONTEXT_LENGTH),
-            ],
-            workdir,
-        )
+        return start(self.name, self.argv(upstream, port, workdir), workdir)
+
+    def recorded(self, workdir: Path) -> str:
+        store = workdir / "records.db"
+        with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+            (exchanges,) = db.execute("SELECT count(*) FROM exchanges").fetchone()
+        return f"{exchanges} exchanges, {_mib(store, store.with_name('records.db-wal'))}"
+
+
+def _mib(*paths: Path) -> str:
+    return f"{sum(p.stat().st_size for p in paths if p.exists()) / 2**20:.1f} MiB"
 
 
 class PeerConfiguration(Configuration):
@@ -174,6 +184,9 @@ class PeerConfiguration(Configuration):
 class Mitmproxy(PeerConfiguration):
     name, description = "mitmproxy", "mitmdump --mode reverse, recording to a file, SSE tap addon"
     venv_name = dist = "mitmproxy"
+
+    def recorded(self, workdir: Path) -> str:
+        return f"{_mib(workdir / 'flows.mitm')} of flows"
 
     def launch(self, upstream: str, port: int, workdir: Path) -> Service:
         return start(

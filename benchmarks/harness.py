@@ -83,6 +83,8 @@ async def run_configs(
                 for r in running:
                     r.row["peak_rss_mb"] = peak_rss_mb(r.started)
                     r.row["status"] = "ok"
+            for r in running:  # stopped now, so every record is flushed
+                r.row["recorded"] = r.config.recorded(workdir / r.config.name)
         finally:
             stand_in.stop()
     results["load_after"] = machine.load()

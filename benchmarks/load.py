@@ -10,6 +10,7 @@ stop taking new requests at the cap and the run reports what completed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -90,6 +91,19 @@ class AnswerError(Exception):
     """The configuration answered, but not with the stand-in's completion."""
 
 
+FAILURES = (ClientError, TimeoutError, AnswerError)
+
+
+def _client() -> ClientSession:
+    # No pool cap: the callers set the concurrency. Bodies are compared as sent, so nothing is decoded.
+    return ClientSession(
+        connector=TCPConnector(limit=0),
+        headers={hdrs.CONTENT_TYPE: "application/json"},
+        auto_decompress=False,
+        timeout=ClientTimeout(total=REQUEST_TIMEOUT_S),
+    )
+
+
 async def _one(client: ClientSession, target: Target, body: bytes, stream: bool) -> tuple[float, float]:
     started = time.perf_counter()
     async with client.post(target.url, data=body, headers=target.headers) as response:
@@ -97,13 +111,29 @@ async def _one(client: ClientSession, target: Target, body: bytes, stream: bool)
         ttfb = time.perf_counter() - started
         whole = first + await response.content.read()
         total = time.perf_counter() - started
-        if (
-            response.status != 200
-            or CONTENT_MARKER.encode() not in whole
-            or (stream and STREAM_END not in whole)
-        ):
+        complete = CONTENT_MARKER.encode() in whole and (not stream or STREAM_END in whole)
+        if response.status != 200 or not complete:
             raise AnswerError(f"{response.status}: {whole[:ERROR_SNIPPET_CHARS]!r}")
     return total, ttfb
+
+
+async def _timed(run: Run, client: ClientSession, target: Target, body: bytes, stream: bool) -> None:
+    try:
+        total, ttfb = await _one(client, target, body, stream)
+    except FAILURES as exc:
+        run.errors += 1
+        run.first_error = run.first_error or f"{type(exc).__name__}: {exc}"[:ERROR_SNIPPET_CHARS]
+        return
+    run.latencies_s.append(total)
+    run.ttfbs_s.append(ttfb)
+
+
+async def _warm_up(
+    client: ClientSession, target: Target, body_for: Callable[[int], bytes], stream: bool, requests: int
+) -> None:
+    for i in range(requests):
+        with contextlib.suppress(*FAILURES):  # a configuration that keeps failing fails the timed run too
+            await _one(client, target, body_for(-1 - i), stream)
 
 
 async def run_load(
@@ -115,21 +145,13 @@ async def run_load(
     time_cap_s: float,
     warmup: int = WARMUP_REQUESTS,
 ) -> Run:
-    """Send ``requests`` bodies (``body_for(i)``) from ``concurrency`` workers, within ``time_cap_s``."""
+    """Send ``requests`` bodies (``body_for(i)``) from ``concurrency`` workers, within ``time_cap_s``.
+
+    ``warmup`` requests go first, untimed (bodies ``body_for(-1)``, ``body_for(-2)``...).
+    """
     run = Run()
-    headers = {hdrs.CONTENT_TYPE: "application/json"}
-    connector = TCPConnector(limit=0)  # the workers set the concurrency, not the pool
-    async with ClientSession(
-        connector=connector,
-        headers=headers,
-        auto_decompress=False,
-        timeout=ClientTimeout(total=REQUEST_TIMEOUT_S),
-    ) as client:
-        for i in range(warmup):
-            try:
-                await _one(client, target, body_for(-1 - i), stream)
-            except (ClientError, TimeoutError, AnswerError):
-                pass  # counted below if the timed run fails the same way
+    async with _client() as client:
+        await _warm_up(client, target, body_for, stream, warmup)
         next_index = 0
         started = time.perf_counter()
         deadline = started + time_cap_s
@@ -138,16 +160,45 @@ async def run_load(
             nonlocal next_index
             while next_index < requests and time.perf_counter() < deadline:
                 index, next_index = next_index, next_index + 1
-                try:
-                    total, ttfb = await _one(client, target, body_for(index), stream)
-                except (ClientError, TimeoutError, AnswerError) as exc:
-                    run.errors += 1
-                    run.first_error = run.first_error or f"{type(exc).__name__}: {exc}"[:ERROR_SNIPPET_CHARS]
-                    continue
-                run.latencies_s.append(total)
-                run.ttfbs_s.append(ttfb)
+                await _timed(run, client, target, body_for(index), stream)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+        run.wall_s = time.perf_counter() - started
+    return run
+
+
+async def run_sessions(
+    target: Target,
+    concurrent: int,
+    sessions: int,
+    turns: int,
+    body_for_turn: Callable[[int, int], bytes],
+    time_cap_s: float,
+    stagger_s: float,
+) -> Run:
+    """``sessions`` conversations, ``concurrent`` at a time, each sending its ``turns`` requests in order.
+
+    A body is ``body_for_turn(session, turn)``. The ``concurrent`` workers start ``stagger_s`` apart, as
+    agents do not all connect in one instant; each runs one session after another until none is left.
+    """
+    run = Run()
+    async with _client() as client:
+        await _warm_up(client, target, lambda i: body_for_turn(i, 0), False, WARMUP_REQUESTS)
+        next_session = 0
+        started = time.perf_counter()
+        deadline = started + time_cap_s
+
+        async def worker(index: int) -> None:
+            nonlocal next_session
+            await asyncio.sleep(index * stagger_s)
+            while next_session < sessions:
+                session, next_session = next_session, next_session + 1
+                for turn in range(turns):
+                    if time.perf_counter() >= deadline:
+                        return
+                    await _timed(run, client, target, body_for_turn(session, turn), stream=False)
+
+        await asyncio.gather(*(worker(w) for w in range(concurrent)))
         run.wall_s = time.perf_counter() - started
     return run
 
@@ -156,16 +207,12 @@ async def first_answer(target: Target, body: bytes, stream: bool, timeout_s: flo
     """Retry one request until it succeeds or ``timeout_s`` passes; None on success, else the last error."""
     deadline = time.monotonic() + timeout_s
     problem = "no attempt"
-    async with ClientSession(
-        headers={hdrs.CONTENT_TYPE: "application/json"},
-        auto_decompress=False,
-        timeout=ClientTimeout(total=REQUEST_TIMEOUT_S),
-    ) as client:
+    async with _client() as client:
         while time.monotonic() < deadline:
             try:
                 await _one(client, target, body, stream)
                 return None
-            except (ClientError, TimeoutError, AnswerError) as exc:
+            except FAILURES as exc:
                 problem = f"{type(exc).__name__}: {exc}"[:ERROR_SNIPPET_CHARS]
             await asyncio.sleep(PROBE_INTERVAL_S)
     return problem

@@ -87,10 +87,10 @@ class Service:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        """SIGTERM the process's own session (it and its workers), then SIGKILL what remains."""
+    def stop(self, first_signal: signal.Signals = signal.SIGTERM) -> None:
+        """Signal the process's own session (it and its workers), then SIGKILL what remains."""
         if self.process.poll() is None:
-            os.killpg(self.pid, signal.SIGTERM)
+            os.killpg(self.pid, first_signal)
             try:
                 self.process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import ClientSession, TCPConnector, hdrs, web
 
+from benchmarks.stand_in import LISTEN_BACKLOG
+
 # Hop-by-hop headers (RFC 9110 §7.6.1) plus the ones aiohttp sets itself for the new connection.
 DROPPED = {hdrs.CONNECTION, hdrs.KEEP_ALIVE, hdrs.TRANSFER_ENCODING, hdrs.HOST, hdrs.CONTENT_LENGTH, "TE"}
 UPSTREAM = web.AppKey("upstream", str)
@@ -54,7 +56,7 @@ def main() -> None:
     app[UPSTREAM] = args.upstream.rstrip("/")
     app.cleanup_ctx.append(_client)
     app.router.add_route("*", "/{tail:.*}", relay)
-    web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
+    web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None, backlog=LISTEN_BACKLOG)
 
 
 if __name__ == "__main__":

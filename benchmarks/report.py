@@ -44,7 +44,7 @@ def preamble(results: dict[str, Any], title: str) -> list[str]:
         "",
     ]
     lines += table(
-        ["name", "what", "version", "status", "start s"],
+        ["name", "what", "version", "status", "start s", "recorded"],
         [
             [
                 row["name"],
@@ -52,6 +52,7 @@ def preamble(results: dict[str, Any], title: str) -> list[str]:
                 row.get("version", "—"),
                 row["status"].splitlines()[0][:200],
                 fmt(row.get("startup_s"), 1),
+                row.get("recorded") or "—",
             ]
             for row in results["configs"]
         ],

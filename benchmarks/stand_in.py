@@ -26,6 +26,9 @@ STREAM_CONTENT_CHUNKS = 8
 STREAM_GAP_S = 0.001
 # The marker load.py looks for, so a proxy that answers 200 with the wrong body counts as an error.
 CONTENT_MARKER = "bench-ok"
+# The sessions benchmark opens 1,000 connections within 0.1 s; aiohttp's default listen backlog (128)
+# would drop some of them and time them as a SYN retry, not as the proxy's cost.
+LISTEN_BACKLOG = 2048
 USAGE = {"prompt_tokens": 200, "completion_tokens": STREAM_CONTENT_CHUNKS, "total_tokens": 208}
 
 
@@ -103,7 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="fast stand-in OpenAI-style upstream for benchmarks")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    web.run_app(build_app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
+    web.run_app(
+        build_app(), host="127.0.0.1", port=args.port, access_log=None, print=None, backlog=LISTEN_BACKLOG
+    )
 
 
 if __name__ == "__main__":
