@@ -14,8 +14,11 @@ import json
 from typing import Any
 
 import pytest
+from anthropic.lib.streaming._messages import accumulate_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from modeltap.proxy.sse import Assembled, SSEDecoder, SSEEvent, StreamAssembler
 
@@ -629,6 +632,69 @@ def test_responses_incomplete_is_a_proper_end() -> None:
     incomplete = {**RESPONSES_BODY, "status": "incomplete", "incomplete_details": details}
     stream = responses(*RESPONSES_TEXT_EVENTS, ("response.incomplete", {"response": incomplete}))
     assert assemble("responses", stream) == Assembled(incomplete, 10, True, None)
+
+
+# --- agreement with the official SDKs' own stream accumulators -------------------------------------
+
+
+def without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: without_none(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_none(item) for item in value]
+    return value
+
+
+def sdk_view(body: dict[str, Any]) -> dict[str, Any]:
+    """What a chat completion says, as (content, reasoning, tool calls, finish reason) per choice."""
+    return {
+        "id": body["id"],
+        "model": body["model"],
+        "usage": without_none(body.get("usage")),
+        "choices": [
+            (
+                c["message"].get("content"),
+                c["message"].get("reasoning_content"),
+                [
+                    (t["id"], t["function"]["name"], t["function"]["arguments"])
+                    for t in c["message"].get("tool_calls") or []
+                ],
+                c["finish_reason"],
+            )
+            for c in body["choices"]
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "name", sorted(name for name, (endpoint, _) in TRANSCRIPTS.items() if endpoint == "chat")
+)
+def test_chat_bodies_agree_with_the_openai_sdk(name: str) -> None:
+    stream = TRANSCRIPTS[name][1]
+    state = ChatCompletionStreamState()  # what openai-py's `chat.completions.stream()` accumulates with
+    for e in decode(stream):
+        if e.data != "[DONE]":
+            state.handle_chunk(ChatCompletionChunk.model_validate(json.loads(e.data)))
+    body = assemble("chat", stream).body
+    assert body is not None
+    ChatCompletion.model_validate(body)  # a valid non-streamed body by the SDK's own types
+    assert sdk_view(body) == sdk_view(state.get_final_completion().model_dump())
+
+
+@pytest.mark.parametrize(
+    "name", sorted(name for name, (endpoint, _) in TRANSCRIPTS.items() if endpoint == "messages")
+)
+def test_message_bodies_agree_with_the_anthropic_sdk(name: str) -> None:
+    stream = TRANSCRIPTS[name][1]
+    # accumulate_event is what anthropic-py's MessageStream builds its final message with (private in
+    # 2.14.0; the version is pinned).
+    snapshot, buffers = None, {}
+    for e in decode(stream):
+        obj = json.loads(e.data)
+        if obj["type"] != "ping":
+            snapshot = accumulate_event(event=obj, current_snapshot=snapshot, json_bufs=buffers)
+    assert snapshot is not None
+    assert without_none(assemble("messages", stream).body) == without_none(snapshot.model_dump())
 
 
 # --- malformed streams --------------------------------------------------------------------------------
