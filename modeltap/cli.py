@@ -32,6 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `modeltap` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    # modeltap uses transformers for tokenizers only; its "PyTorch was not found" advice is noise here.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -79,6 +81,23 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="on a non-loopback listener, send --upstream-key for requests without a session token too",
+    )
+    serve.add_argument("--tokenizer", help="local HF tokenizer folder (or cached name) of the served model")
+    serve.add_argument(
+        "--context-length", type=int, help="the model's context length (default: ask the upstream)"
+    )
+    serve.add_argument(
+        "--engine-max-tokens", type=int, help="AReaL's rollout.agent.engine_max_tokens, if set"
+    )
+    serve.add_argument("--reserve", type=int, help="tokens to keep free below the context length (default 0)")
+    serve.add_argument(
+        "--budget", choices=("clamp", "reject", "off"), help="over-budget policy (default clamp)"
+    )
+    serve.add_argument("--min-completion-tokens", type=int, help="reject when fewer would remain (default 1)")
+    serve.add_argument(
+        "--chat-template-kwargs",
+        type=json.loads,
+        help="""the server's chat template kwargs as JSON, e.g. '{"enable_thinking": false}'""",
     )
     serve.add_argument(
         "--session-ttl", dest="session_ttl_s", type=float, help="idle seconds before a session closes"

@@ -39,6 +39,7 @@ class ProxyContext:
     loopback_only: bool
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None
+    budget_report: str = "off"
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
     started: float = field(default_factory=time.time)
     # Where AReaL is installed (the adapter runs inside it), its bare path is the likely one.

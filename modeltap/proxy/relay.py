@@ -139,7 +139,7 @@ async def _exchange(
         ex.session_id = _session_hint(request)
     body = await _read_body(ctx, request, ex) if endpoint.method == "POST" else None
     if endpoint is Endpoint.COUNT_TOKENS and ctx.budget is not None and body is not None:
-        return web.json_response(await ctx.budget.count_tokens(body))
+        return web.json_response(await ctx.budget.count_tokens_body(body))
     payload = ex.request if body is not None else None
     if ctx.budget is not None and endpoint.budgeted and body is not None:
         decision = await ctx.budget.apply(endpoint, body)

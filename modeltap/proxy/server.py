@@ -16,7 +16,9 @@ import contextlib
 import enum
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
+import aiohttp
 from aiohttp import web
 
 from modeltap.proxy import admin, network, relay
@@ -24,6 +26,9 @@ from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
 from modeltap.records.store import RecordStore
+
+if TYPE_CHECKING:
+    from modeltap.proxy.budget import Budget
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,7 @@ def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.App
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
+    ctx.budget, ctx.budget_report = await _budget(ctx.config)
     ctx.store.start()
     ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
@@ -72,6 +78,36 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     finally:
         await ctx.close()
         await ctx.store.close()
+
+
+async def _budget(config: ProxyConfig) -> tuple[Budget | None, str]:
+    """The token budget in force and the start-up line that says so, with where each limit came from."""
+    if config.budget == "off":
+        return None, "off (--budget off)"
+    if config.tokenizer is None:
+        return None, "off (no --tokenizer: modeltap counts only with the served model's own tokenizer)"
+    # transformers takes seconds to import: only a proxy that counts pays for it.
+    from modeltap.proxy.budget import Budget, Limits, discover_limits
+    from modeltap.proxy.tokens import TokenCounter
+
+    # AReaL drops a request's chat_template_kwargs (areal-proxy-protocol.md §1.1): only ours apply.
+    counter = await asyncio.to_thread(
+        TokenCounter.load,
+        config.tokenizer,
+        config.chat_template_kwargs,
+        request_template_kwargs=config.layout != "areal",
+    )
+    context_length, source = config.context_length, "--context-length"
+    if context_length is None and config.upstream is not None:
+        headers = {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
+        async with aiohttp.ClientSession() as client:
+            context_length, source = await discover_limits(client, config.upstream, headers)
+    if context_length is None:
+        return None, f"off: no context length ({source}); give --context-length"
+    sources = {"context_length": source, "engine_max_tokens": "--engine-max-tokens", "reserve": "--reserve"}
+    limits = Limits(context_length, config.engine_max_tokens, config.reserve, sources)
+    budget = Budget(counter, limits, config.budget, config.min_completion_tokens)
+    return budget, f"{config.budget} with {config.tokenizer}: {limits.describe()}"
 
 
 async def _expire_sessions(ctx: ProxyContext) -> None:
@@ -209,6 +245,7 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
         f"  upstream  {config.upstream or '(none: sessions name their own)'}",
         f"  layout    {layouts[config.layout]}",
         f"  records   {config.store}",
+        f"  budget    {proxy.context.budget_report}",
         f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",
         f"            with Authorization: Bearer {proxy.admin_key}",
     ]
