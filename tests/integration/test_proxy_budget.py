@@ -56,9 +56,9 @@ async def test_over_budget_is_the_canonical_400_and_never_reaches_areal(
     assert info.value.code == "context_length_exceeded"
     # The limit stated is the one in force, C - 1 (pre-fix SGLang refuses P + M == C: DESIGN §4).
     assert info.value.body["message"] == (
-        f"This model's maximum context length is {CONTEXT - 1} tokens. However, you requested {prompt + 1000} "
-        f"tokens ({prompt} in the messages, 1000 in the completion). Please reduce the length of the messages "
-        "or completion."
+        f"This model's maximum context length is {CONTEXT - 1} tokens. However, you requested "
+        f"{prompt + 1000} tokens ({prompt} in the messages, 1000 in the completion). Please reduce the "
+        "length of the messages or completion."
     )
     assert areal.model_requests == []
     [row] = records(store_path)
