@@ -1,0 +1,23 @@
+"""modeltap.compat imports nothing else of modeltap, and never AReaL (DESIGN §2: `compat` imports
+nothing of ours; compat/areal.py reads AReaL's metadata instead)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+MODULES = [
+    "modeltap.compat.areal",
+    "modeltap.compat.clients",
+    "modeltap.compat.doctor",
+    "modeltap.compat.layouts",
+]
+
+
+def test_compat_imports_only_itself_stdlib_and_yaml():
+    # A fresh interpreter: the test process has long since imported the rest of modeltap.
+    watched = ("modeltap", "areal", "aiohttp", "transformers", "tiktoken", "docker")
+    listing = f"sorted(m for m in sys.modules if m.startswith({watched!r}))"
+    code = f"import sys\nimport {', '.join(MODULES)}\nprint({listing})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == repr(sorted(["modeltap", "modeltap.compat", *MODULES]))

@@ -1,0 +1,490 @@
+"""Tests for modeltap/compat/doctor.py.
+
+Each file in tests/fixtures/doctor/ is the clean config with one pitfall; each must raise exactly its
+rule's findings, and applying the finding's own fix must clear them. The bundle contents come from
+the adapter's real loader, as `modeltap doctor` passes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from modeltap.adapter import load_bundle
+from modeltap.compat.doctor import (
+    EXIT_ERRORS,
+    RULES,
+    Finding,
+    add_arguments,
+    check,
+    exit_code,
+    load_config,
+    render,
+)
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "doctor"
+ENV = {"MODELTAP_TEST_ADMIN_KEY": "Vb3x9W2kq0eR7nT4yZ1uA8sD5fG6hJ2lP0oI9uY7tR4"}
+
+
+def bundle_tasks(path: str) -> dict[str, float]:
+    """What cli.py hands doctor: the bundle's {task_id: timeout_s}, from the adapter's loader."""
+    return {task.id: task.timeout_s for task in load_bundle(path).tasks.values()}
+
+
+@pytest.fixture(autouse=True)
+def in_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bundle paths in the fixtures are relative, as they are to the directory AReaL starts in.
+    monkeypatch.chdir(FIXTURES)
+
+
+def run(name: str, overrides: list[str] | None = None, **inputs) -> list[Finding]:
+    settings = {"env": ENV, "bundle_tasks": bundle_tasks, "gpu_memory_gb": 24.0, "areal_version": "2.1.0"}
+    return check(load_config(f"{name}.yaml", overrides or []), **{**settings, **inputs})
+
+
+def test_clean_config_has_no_findings():
+    assert run("clean") == []
+
+
+PITFALLS = [
+    ("engine_max_tokens_unset", "engine-max-tokens", ["error"]),
+    ("engine_max_tokens_over_window", "engine-max-tokens", ["error"]),
+    ("admin_key_default", "admin-key", ["error"]),
+    ("online_v1_agents", "v1-paths", ["warning"]),
+    ("micro_batches_small", "micro-batches", ["error", "error"]),  # actor, and ref through ${...}
+    ("small_gpu", "small-gpu", ["warning", "warning", "warning"]),
+    ("decoupled_loss", "decoupled-loss", ["warning"]),
+    ("thinking_mismatch", "template-kwargs", ["error"]),
+    ("proxy_budget_off", "proxy-budget", ["warning"]),
+    ("request_timeout_short", "request-timeout", ["error"]),
+    ("workflow_not_found", "workflow", ["error"]),
+    ("bundle_missing", "workflow", ["error"]),
+    ("unknown_task", "workflow", ["error"]),
+]
+
+
+def test_every_rule_has_a_pitfall_fixture():
+    assert {rule for _, rule, _ in PITFALLS} == set(RULES)
+    assert {f"{name}.yaml" for name, _, _ in PITFALLS} | {"clean.yaml"} == {
+        p.name for p in FIXTURES.glob("*.yaml")
+    }
+
+
+@pytest.mark.parametrize(("name", "rule", "severities"), PITFALLS)
+def test_each_pitfall_raises_exactly_its_finding(name, rule, severities):
+    findings = run(name)
+    assert [(f.rule, f.severity) for f in findings] == [(rule, s) for s in severities]
+    assert exit_code(findings) == (EXIT_ERRORS if "error" in severities else 0)
+    for finding in findings:
+        assert finding.path and finding.title and finding.why and finding.fix
+
+
+# Every fix but two is config overrides: online agents are fixed by putting modeltap in their way, and
+# only the user knows where the missing bundle is.
+FIXED_IN_THE_CONFIG = [p for p in PITFALLS if p[0] not in ("online_v1_agents", "bundle_missing")]
+
+
+@pytest.mark.parametrize(("name", "rule", "severities"), FIXED_IN_THE_CONFIG)
+def test_each_fix_clears_its_finding(name, rule, severities):
+    findings = run(name)
+    if name == "workflow_not_found":  # the fix names modeltap's workflow, which also wants its kwargs
+        assert findings[0].fix == "++workflow=modeltap.adapter.AgentWorkflow"
+    fixes = [token for f in findings for token in shlex.split(f.fix)]
+    assert all(token.startswith(("++", "~")) for token in fixes), fixes
+    assert run(name, fixes) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "fix"),
+    [
+        # sglang.context_length 32768 minus SGLang's scheduler margin of 6
+        ("engine_max_tokens_unset", "++rollout.agent.engine_max_tokens=32762"),
+        ("engine_max_tokens_over_window", "++rollout.agent.engine_max_tokens=32762"),
+        ("micro_batches_small", "++actor.mb_spec.max_tokens_per_mb=32762"),
+        ("thinking_mismatch", "'++workflow_kwargs.proxy.chat_template_kwargs={}'"),
+        ("proxy_budget_off", "++workflow_kwargs.proxy.engine_max_tokens=32762"),
+        # long-refactor's 900 s plus the 300 s margin
+        ("request_timeout_short", "++rollout.request_timeout=1200"),
+        ("unknown_task", "'++workflow_kwargs.tasks=[add-2-3]'"),
+        ("decoupled_loss", "++actor.use_decoupled_loss=false ++actor.recompute_logprob=true"),
+    ],
+)
+def test_the_exact_fix(name, fix):
+    assert run(name)[0].fix == fix
+
+
+def test_admin_key_fix_is_a_fresh_secret():
+    first, second = run("admin_key_default")[0].fix, run("admin_key_default")[0].fix
+    assert re.fullmatch(r"\+\+rollout\.agent\.admin_api_key=[A-Za-z0-9_-]{43}", first)
+    assert first != second
+
+
+def test_admin_key_allowed_by_env_is_a_warning():
+    findings = run("admin_key_default", env={**ENV, "AREAL_ALLOW_DEFAULT_ADMIN_KEY": "1"})
+    assert [(f.rule, f.severity) for f in findings] == [("admin-key", "warning")]
+
+
+def test_admin_key_of_the_v2_controller():
+    findings = run("clean", ["+rollout._version=v2"])
+    assert [(f.rule, f.path) for f in findings] == [("admin-key", "rollout.admin_api_key")]
+
+
+def test_legacy_rollout_openai_section():
+    # Older configs (inclusionAI/AReaL examples/agent_workflow/config.yaml) call it rollout.openai.
+    config = load_config("clean.yaml")
+    config["rollout"]["openai"] = config["rollout"].pop("agent")
+    config["workflow_kwargs"]["proxy"]["engine_max_tokens"] = 32762
+    del config["rollout"]["openai"]["engine_max_tokens"]
+    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0, areal_version="2.1.0")
+    assert [(f.rule, f.path) for f in findings] == [("engine-max-tokens", "rollout.openai.engine_max_tokens")]
+
+
+def test_vllm_window_margin_is_one():
+    findings = run("clean", ["rollout.backend=vllm:d1p1t1", "+vllm.max_model_len=32768"])
+    assert findings == []
+    findings = run("clean", ["rollout.backend=vllm:d1p1t1", "+vllm.max_model_len=32762"])
+    assert [f.fix for f in findings] == ["++rollout.agent.engine_max_tokens=32761"]
+
+
+def test_engine_max_tokens_inside_sglang_margin_is_a_warning():
+    # AReaL's own SWE example: engine_max_tokens = context_length - 1 (examples/swe/qwen3_30b_a3b_grpo.yaml)
+    findings = run(
+        "clean", ["rollout.agent.engine_max_tokens=32767", "actor.mb_spec.max_tokens_per_mb=32767"]
+    )
+    assert [(f.rule, f.severity) for f in findings] == [("engine-max-tokens", "warning")]
+
+
+def test_window_from_the_model_config():
+    assert run("clean", ["sglang.context_length=null"]) == []
+    findings = run("clean", ["sglang.context_length=null", "rollout.agent.engine_max_tokens=null"])
+    # modeltap's proxy reads AReaL's (now unset) number through ${rollout.agent.engine_max_tokens}
+    assert [(f.rule, f.severity) for f in findings] == [
+        ("engine-max-tokens", "warning"),
+        ("proxy-budget", "warning"),
+    ]
+    assert findings[0].fix == "++rollout.agent.engine_max_tokens=CONTEXT_LENGTH_MINUS_6"
+
+
+def test_v1_paths_fix_is_a_modeltap_command():
+    (finding,) = run("online_v1_agents")
+    assert shlex.split(finding.fix)[:4] == ["modeltap", "serve", "--upstream", "http://GATEWAY_HOST:PORT"]
+    assert "--layout areal" in finding.fix
+
+
+def test_v1_paths_needs_the_version():
+    assert run("online_v1_agents", areal_version="2.2.0") == []
+    findings = run("online_v1_agents", areal_version=None)  # none installed in this venv
+    assert [(f.rule, f.severity) for f in findings] == [("v1-paths", "info")]
+
+
+def test_small_gpu_checks_only_what_the_backend_uses():
+    assert run("small_gpu", gpu_memory_gb=80.0) == []
+    findings = run("small_gpu", ["actor.backend=megatron:d1"])
+    assert [f.path for f in findings] == ["actor.scheduling_spec.0.env_vars.PYTORCH_CUDA_ALLOC_CONF"]
+    # the environment counts as well as the workers' env_vars
+    assert (
+        run(
+            "small_gpu",
+            ["actor.backend=megatron:d1"],
+            env={**ENV, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        )
+        == []
+    )
+
+
+def test_alloc_conf_fix_keeps_the_other_options():
+    findings = run(
+        "small_gpu",
+        ["actor.backend=megatron:d1", "++actor.scheduling_spec.0.env_vars.PYTORCH_CUDA_ALLOC_CONF=x:1"],
+    )
+    token = shlex.split(findings[0].fix)[0]
+    assert (
+        token == '++actor.scheduling_spec.0.env_vars.PYTORCH_CUDA_ALLOC_CONF="x:1,expandable_segments:True"'
+    )
+
+
+def test_alloc_conf_without_scheduling_spec_is_an_export():
+    findings = run("small_gpu", ["actor.backend=megatron:d1", "~actor.scheduling_spec"])
+    assert findings[0].fix == "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def test_unknown_gpu_says_so():
+    findings = run("clean", gpu_memory_gb=None)
+    assert [(f.rule, f.severity) for f in findings] == [("small-gpu", "info")]
+
+
+def test_template_kwargs_from_the_command_line():
+    findings = run("clean", token_counter_kwargs={"enable_thinking": False})
+    assert [(f.rule, f.path, f.fix) for f in findings] == [
+        ("template-kwargs", "--chat-template-kwargs", "--chat-template-kwargs '{}'")
+    ]
+    assert run("clean", token_counter_kwargs={"enable_thinking": True}) == []
+
+
+def test_template_kwargs_not_read_by_the_template(tmp_path):
+    # A local tokenizer whose template never reads enable_thinking (Qwen2.5): the kwarg changes nothing.
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    assert run("thinking_mismatch", [f"actor.path={tmp_path}"]) == []
+    (tmp_path / "chat_template.jinja").write_text("{% if enable_thinking is false %}x{% endif %}")
+    assert [f.rule for f in run("thinking_mismatch", [f"actor.path={tmp_path}"])] == ["template-kwargs"]
+
+
+def test_request_timeout_uses_the_workflows_timeout_s():
+    findings = run("clean", ["+workflow_kwargs.timeout_s=3600"])
+    assert [(f.rule, f.severity, f.fix) for f in findings] == [
+        ("request-timeout", "error", "++rollout.request_timeout=3900")
+    ]
+    # the bundle's tasks no longer matter once timeout_s replaces their limits
+    assert run("request_timeout_short", ["+workflow_kwargs.timeout_s=200"]) == []
+
+
+def test_request_timeout_just_under_the_margin_is_a_warning():
+    findings = run("clean", ["rollout.request_timeout=1000"])
+    assert [(f.rule, f.severity) for f in findings] == [("request-timeout", "warning")]
+
+
+def test_invalid_bundle_reports_the_loaders_message(tmp_path):
+    (tmp_path / "bad.toml").write_text("[[tasks]]\nprompt = 'no id'\n")
+    findings = run("clean", [f"workflow_kwargs.bundle={tmp_path}/bad.toml"])
+    assert [(f.rule, f.path) for f in findings] == [("workflow", "workflow_kwargs.bundle")]
+    assert str(tmp_path / "bad.toml") in findings[0].why
+
+
+def test_unresolved_environment_variable_skips_with_info():
+    findings = run("clean", env={})
+    assert [(f.rule, f.severity, f.path) for f in findings] == [
+        ("admin-key", "info", "rollout.agent.admin_api_key")
+    ]
+    assert "MODELTAP_TEST_ADMIN_KEY" in findings[0].why
+    assert findings[0].fix.startswith("export MODELTAP_TEST_ADMIN_KEY=")
+
+
+def test_oc_env_default_is_used():
+    findings = run("clean", ["rollout.agent.admin_api_key=${oc.env:NO_SUCH_VAR,areal-admin-key}"], env={})
+    assert [(f.rule, f.severity) for f in findings] == [("admin-key", "error")]
+
+
+def test_eval_workflow_is_checked_too():
+    findings = run("clean", ["+eval_workflow=examples.nowhere.Agent"])
+    assert [(f.rule, f.path) for f in findings] == [("workflow", "eval_workflow")]
+    assert run("clean", ["+eval_workflow=${workflow}"]) == []
+
+
+# --- finding modules without importing them ------------------------------------------------------
+
+
+@pytest.fixture
+def explosive_package(tmp_path, monkeypatch):
+    """A package whose import raises, like one whose __init__ pulls in torch: doctor must not run it."""
+    package = tmp_path / "explosive"
+    (package / "agents").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "agents" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "agents" / "coder.py").write_text(
+        "from explosive.base import Base as _Base\n"
+        "try:\n    from fast import Speedy\nexcept ImportError:\n    Speedy = None\n"
+        "class CodingAgent(_Base):\n    class Inner:\n        pass\n"
+        "def make():\n    Hidden = 1\n    return Hidden\n"
+    )
+    (package / "agents" / "lazy.py").write_text("def __getattr__(name):\n    raise AttributeError(name)\n")
+    (package / "agents" / "star.py").write_text("from explosive.base import *\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "explosive.agents.coder"
+    assert not any(name.startswith("explosive") for name in sys.modules)
+
+
+@pytest.mark.parametrize(
+    ("import_path", "found"),
+    [
+        ("explosive.agents.coder.CodingAgent", True),
+        ("explosive.agents.coder._Base", True),
+        ("explosive.agents.coder.Speedy", True),  # bound inside try/except at top level
+        ("explosive.agents.coder.Inner", False),  # only inside a class
+        ("explosive.agents.coder.Hidden", False),  # only inside a function
+        ("explosive.agents.coder.ReviewAgent", False),
+        ("explosive.agents.lazy.Anything", True),  # a module __getattr__: cannot tell, so no finding
+        ("explosive.agents.star.Anything", True),  # a star import: cannot tell either
+    ],
+)
+def test_workflow_found_without_importing(explosive_package, import_path, found):
+    findings = run("workflow_not_found", [f"workflow={import_path}"])
+    assert [f.rule for f in findings] == ([] if found else ["workflow"])
+
+
+def test_workflow_module_missing(explosive_package):
+    findings = run("workflow_not_found", ["workflow=explosive.agents.reviewer.ReviewAgent"])
+    assert [f.title for f in findings] == ["workflow module 'explosive.agents.reviewer' not found"]
+
+
+# --- loading: YAML, defaults lists, overrides -----------------------------------------------------
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> str:
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("a.b=2", {"a": {"b": 2, "c": [1, 2]}}),
+        ("a.b=-1.5", {"a": {"b": -1.5, "c": [1, 2]}}),
+        ("a.b=1e-5", {"a": {"b": 1e-5, "c": [1, 2]}}),
+        ("a.b=true", {"a": {"b": True, "c": [1, 2]}}),
+        ("a.b=False", {"a": {"b": False, "c": [1, 2]}}),
+        ("a.b=null", {"a": {"b": None, "c": [1, 2]}}),
+        ("a.b=", {"a": {"b": "", "c": [1, 2]}}),
+        ("a.b=hello world", {"a": {"b": "hello world", "c": [1, 2]}}),
+        ("a.b='quoted, with comma'", {"a": {"b": "quoted, with comma", "c": [1, 2]}}),
+        ('a.b="1"', {"a": {"b": "1", "c": [1, 2]}}),
+        ("a.b=expandable_segments:True", {"a": {"b": "expandable_segments:True", "c": [1, 2]}}),
+        ("a.b=${oc.env:X,y}", {"a": {"b": "${oc.env:X,y}", "c": [1, 2]}}),
+        ("a.b=[1, x, [2.5]]", {"a": {"b": [1, "x", [2.5]], "c": [1, 2]}}),
+        ("a.b={k: v, n: 1, d: {e: null}}", {"a": {"b": {"k": "v", "n": 1, "d": {"e": None}}, "c": [1, 2]}}),
+        ("a.b={}", {"a": {"b": {}, "c": [1, 2]}}),
+        ("a.c.1=9", {"a": {"b": 1, "c": [1, 9]}}),
+        ("+a.d=3", {"a": {"b": 1, "c": [1, 2], "d": 3}}),
+        ("+x.y.z=3", {"a": {"b": 1, "c": [1, 2]}, "x": {"y": {"z": 3}}}),
+        ("++a.b=4", {"a": {"b": 4, "c": [1, 2]}}),
+        ("++a.d=4", {"a": {"b": 1, "c": [1, 2], "d": 4}}),
+        ("~a.b", {"a": {"c": [1, 2]}}),
+        ("~a.b=1", {"a": {"c": [1, 2]}}),
+        ("~a.c.0", {"a": {"b": 1, "c": [2]}}),
+    ],
+)
+def test_overrides(tmp_path, override, expected):
+    assert load_config(write(tmp_path, "a:\n  b: 1\n  c: [1, 2]\n"), [override]) == expected
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("a.x=1", r"a\.x is not in the config; to add it use \+a\.x="),
+        ("+a.b=1", r"a\.b is already in the config"),
+        ("~a.x", r"could not delete a\.x"),
+        ("~a.b=2", r"a\.b is 1, not 2"),
+        ("a.b=1,2", r"Hydra sweep"),
+        ("a.c.5=1", r"is not in the config"),
+        ("++a.c.5=1", r"past the end of its list"),
+        ("a.b.c=1", r"a\.b is not a mapping or list"),
+        ("a.b", r"expected key=value"),
+        ("a-b=1", r"expected key=value"),
+        ("a.b=[1, 2", r"expected ',' or ']'"),
+        ("a.b='open", r"expected \"'\""),
+    ],
+)
+def test_bad_overrides_say_what_is_wrong(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(write(tmp_path, "a:\n  b: 1\n  c: [1, 2]\n"), [override])
+
+
+def test_yaml_reads_floats_as_omegaconf_does(tmp_path):
+    config = load_config(write(tmp_path, "eps: 1e-8\nlr: 1.70e-5\nn: 10\nv: 2.1.0\ns: '1e-8'\nt: 1_000\n"))
+    assert config == {"eps": 1e-8, "lr": 1.7e-5, "n": 10, "v": "2.1.0", "s": "1e-8", "t": 1000}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: 1\na: 2\n", "duplicate key 'a'"),
+        ("a: [\n", "not valid YAML"),
+        ("- 1\n- 2\n", "the top level must be a mapping"),
+        ("defaults: [{db: mysql}]\n", "defaults list of config names only"),
+        ("defaults: [c]\n", "includes itself"),
+    ],
+)
+def test_bad_files_say_what_is_wrong(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+def test_defaults_compose_like_hydra(tmp_path):
+    write(tmp_path, "a: {b: 1, c: [1, 2]}\nd: base\n", "base.yaml")
+    assert load_config(write(tmp_path, "defaults: [base]\na: {c: [3]}\n")) == {
+        "a": {"b": 1, "c": [3]},
+        "d": "base",
+    }
+    # _self_ first: the included config wins
+    assert load_config(write(tmp_path, "defaults: [_self_, base]\nd: own\n")) == {
+        "a": {"b": 1, "c": [1, 2]},
+        "d": "base",
+    }
+
+
+def test_interpolations_resolve(tmp_path):
+    text = """
+    a: {b: 4, c: "${a.b}", d: "x-${a.b}-${oc.env:NAME}", e: "${.b}", f: {g: "${..b}"}}
+    h: "${a.f.g}"
+    loop: "${loop}"
+    rel: "${oc.decode:1}"
+    """
+    from modeltap.compat.doctor import _Config, _Unresolved
+
+    config = _Config(load_config(write(tmp_path, text.replace("\n    ", "\n"))), {"NAME": "n"})
+    assert config.get("a.c") == 4
+    assert config.get("a.d") == "x-4-n"
+    assert config.get("a.e") == 4
+    assert config.get("a.f.g") == 4
+    assert config.get("h") == 4
+    with pytest.raises(_Unresolved, match="cycle"):
+        config.get("loop")
+    with pytest.raises(_Unresolved, match="resolver"):
+        config.get("rel")
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def test_render_text():
+    findings = run("request_timeout_short") + run("decoupled_loss")
+    text = render(findings, as_json=False)
+    assert text.splitlines()[0] == "error   rollout.request_timeout"
+    assert "  fix: ++rollout.request_timeout=1200" in text.splitlines()
+    assert all(len(line) <= 100 for line in text.splitlines() if line.startswith(("  why", "       ")))
+    assert text.splitlines()[-1] == "1 error, 1 warning, 0 info"
+
+
+def test_render_json():
+    findings = run("small_gpu")
+    doc = json.loads(render(findings, as_json=True))
+    assert doc["format"] == 1
+    assert doc["counts"] == {"error": 0, "warning": 3, "info": 0}
+    assert [Finding(**f) for f in doc["findings"]] == findings
+
+
+def test_add_arguments_reads_the_documented_command_line():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--gpu-memory-gb",
+            "24",
+            "c.yaml",
+            "++a.b=1",
+            "~c",
+            "--json",
+            "--chat-template-kwargs",
+            '{"enable_thinking": false}',
+        ]
+    )
+    assert (args.config, args.overrides, args.json, args.gpu_memory_gb) == (
+        "c.yaml",
+        ["++a.b=1", "~c"],
+        True,
+        24.0,
+    )
+    assert args.chat_template_kwargs == {"enable_thinking": False}
+    assert args.areal_version is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["c.yaml", "--chat-template-kwargs", "[1]"])
