@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import importlib.util
 import json
 import math
 import re
 import secrets
 import shlex
+import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -890,19 +892,36 @@ def _workflows(ctx: _Context) -> list[Finding]:
 
 def _import_path(workflow: _Workflow) -> list[Finding]:
     module, _, name = workflow.import_path.rpartition(".")
-    fix = _override(workflow.key, "modeltap.adapter.AgentWorkflow")
     spec = _find_module(module) if module else None
+    fails = (
+        f'AReaL imports {workflow.import_path!r} on every rollout worker and fails with "Failed to import '
+        'workflow from string" (areal/infra/remote_inf_engine.py).'
+    )
     if spec is None:
-        why = (
-            f'AReaL imports {workflow.import_path!r} on every rollout worker and fails with "Failed to '
-            'import workflow from string" (areal/infra/remote_inf_engine.py); module '
-            f"{module or workflow.import_path!r} is not importable from here."
-        )
-        return [Finding("error", workflow.key, f"workflow module {module!r} not found", why, fix)]
-    if _module_defines(spec, name) is False:
-        why = f"Module {module!r} ({spec.origin}) defines no {name!r} at its top level."
-        return [Finding("error", workflow.key, f"{workflow.import_path!r} does not exist", why, fix)]
-    return []
+        top = (module or name).split(".")[0]
+        if _find_module(top) is None and top != "modeltap":
+            why = f"{fails} Package {top!r} is not installed in {sys.executable}, so doctor cannot tell."
+            title = f"package {top!r} is not installed here: the workflow path went unchecked"
+            fix = "run modeltap doctor in the trainer's Python environment"
+            return [Finding("info", workflow.key, title, why, fix)]
+        guess = "modeltap.adapter.AgentWorkflow" if top == "modeltap" else "PACKAGE.MODULE.CLASS"
+        why = f"{fails} Module {module or name!r} does not exist."
+        return [
+            Finding(
+                "error",
+                workflow.key,
+                f"workflow module {module!r} not found",
+                why,
+                _override(workflow.key, guess),
+            )
+        ]
+    bound = _module_names(spec)
+    if bound is None or name in bound:
+        return []
+    close = difflib.get_close_matches(name, sorted(bound), n=1)
+    fix = _override(workflow.key, f"{module}.{close[0] if close else 'CLASS'}")
+    why = f"{fails} Module {module!r} ({spec.origin}) defines no {name!r} at its top level."
+    return [Finding("error", workflow.key, f"{workflow.import_path!r} does not exist", why, fix)]
 
 
 def _bundle(ctx: _Context, workflow: _Workflow) -> list[Finding]:
@@ -961,9 +980,9 @@ def _find_module(name: str) -> ModuleSpec | None:
     return spec
 
 
-def _module_defines(spec: ModuleSpec, name: str) -> bool | None:
-    """Whether the module's source binds `name` at top level; None when that cannot be told without
-    running it (no Python source, a star import, or a module-level __getattr__)."""
+def _module_names(spec: ModuleSpec) -> set[str] | None:
+    """The names the module's source binds at top level; None when that cannot be told without running
+    it (no Python source, a star import, or a module-level __getattr__)."""
     if not spec.origin or not spec.origin.endswith(".py"):
         return None
     try:
@@ -971,7 +990,7 @@ def _module_defines(spec: ModuleSpec, name: str) -> bool | None:
     except (OSError, SyntaxError, ValueError):
         return None
     bound = _top_level_names(tree.body)
-    return None if bound is None or "__getattr__" in bound else name in bound
+    return None if bound is None or "__getattr__" in bound else bound
 
 
 def _top_level_names(body: list[ast.stmt]) -> set[str] | None:

@@ -271,9 +271,16 @@ def test_oc_env_default_is_used():
 
 
 def test_eval_workflow_is_checked_too():
-    findings = run("clean", ["+eval_workflow=examples.nowhere.Agent"])
-    assert [(f.rule, f.path) for f in findings] == [("workflow", "eval_workflow")]
+    findings = run("clean", ["+eval_workflow=modeltap.adapter.nowhere.Agent"])
+    assert [(f.rule, f.path, f.severity) for f in findings] == [("workflow", "eval_workflow", "error")]
     assert run("clean", ["+eval_workflow=${workflow}"]) == []
+
+
+def test_workflow_of_a_package_not_installed_here():
+    # Running doctor outside the trainer's environment (no AReaL here) cannot tell: info, not error.
+    findings = run("clean", ["workflow=areal.workflow.openai.math_agent.MathAgent"])
+    assert [(f.rule, f.severity) for f in findings] == [("workflow", "info")]
+    assert "'areal' is not installed" in findings[0].title
 
 
 # --- finding modules without importing them ------------------------------------------------------
@@ -320,6 +327,12 @@ def test_workflow_found_without_importing(explosive_package, import_path, found)
 def test_workflow_module_missing(explosive_package):
     findings = run("workflow_not_found", ["workflow=explosive.agents.reviewer.ReviewAgent"])
     assert [f.title for f in findings] == ["workflow module 'explosive.agents.reviewer' not found"]
+    assert findings[0].fix == "++workflow=PACKAGE.MODULE.CLASS"
+
+
+def test_workflow_typo_gets_the_close_name(explosive_package):
+    findings = run("workflow_not_found", ["workflow=explosive.agents.coder.CodingAgnt"])
+    assert [f.fix for f in findings] == ["++workflow=explosive.agents.coder.CodingAgent"]
 
 
 # --- loading: YAML, defaults lists, overrides -----------------------------------------------------
