@@ -9,6 +9,7 @@
 set -euo pipefail
 
 log=${DOCKERD_LOG:-.cache/dockerd.log}
+pidfile=/var/run/docker.pid
 # dockerd on a fresh machine takes a few seconds to set up its bridge and storage; 60 s leaves room
 # for a slow CI disk without hanging forever on a daemon that cannot start.
 wait_s=${DOCKERD_WAIT_S:-60}
@@ -23,7 +24,9 @@ if ! command -v dockerd >/dev/null || ! command -v docker >/dev/null; then
     apt-get install -y -qq --no-install-recommends docker.io >/dev/null
 fi
 
-if ! pgrep -x dockerd >/dev/null; then
+# A daemon that is up but not answering yet (still starting) is waited for, not started twice. The pid
+# file is dockerd's own; it is read instead of `pgrep`, which slim Debian images lack.
+if ! { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }; then
     [ "$(id -u)" = 0 ] || { echo "ensure-dockerd: dockerd is not running and starting it needs root" >&2; exit 1; }
     mkdir -p "$(dirname "$log")"
     echo "ensure-dockerd: starting dockerd (log: $log)"
