@@ -251,21 +251,17 @@ def _missing(body: Any, location: list[str], fields: list[str]) -> list[dict[str
 
 
 def _require_fields(body: Any, fields: list[str]) -> dict[str, Any]:
-    """FastAPI's body validation of a plain pydantic model: 422 listing the missing fields."""
+    """FastAPI's body validation of a plain pydantic model: 422 listing what is wrong."""
+    if not isinstance(body, dict):
+        not_an_object = {
+            "type": "model_attributes_type",
+            "loc": ["body"],
+            "msg": "Input should be a valid dictionary",
+        }
+        raise ArealError(422, [{**not_an_object, "input": body}])
     errors = _missing(body, [], fields)
-    if errors or not isinstance(body, dict):
-        raise ArealError(
-            422,
-            errors
-            or [
-                {
-                    "type": "model_attributes_type",
-                    "loc": ["body"],
-                    "msg": "Input should be a valid dictionary",
-                    "input": body,
-                }
-            ],
-        )
+    if errors:
+        raise ArealError(422, errors)
     return body
 
 
@@ -278,7 +274,8 @@ def _require_chat_params(body: Any) -> dict[str, Any]:
     errors = _missing(body, ["CompletionCreateParamsNonStreaming"], missing)
     errors += _missing(body, ["CompletionCreateParamsStreaming"], missing)
     if not (isinstance(body, dict) and body.get("stream") is True):
-        errors += _missing({}, ["CompletionCreateParamsStreaming"], ["stream"])
+        stream = ["body", "CompletionCreateParamsStreaming", "stream"]
+        errors.append({"type": "missing", "loc": stream, "msg": "Field required", "input": body})
     raise ArealError(422, errors)
 
 
