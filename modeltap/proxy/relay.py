@@ -169,7 +169,8 @@ async def _exchange(
         raise
     ex.upstream_url = reply.url
     ex.status = reply.response.status
-    if reply.response.content_type == "text/event-stream":
+    # Only the generating endpoints stream; anything else that claims to is relayed whole.
+    if reply.response.content_type == "text/event-stream" and endpoint.budgeted:
         return await _relay_stream(ctx, request, target.upstream, reply, ex, record)
     return await _relay_body(target.upstream, reply, ex)
 
@@ -321,8 +322,6 @@ async def _relay_stream(
         ex.raw_sse = b"".join(raw)
     if result.error is not None:
         ex.fail("upstream_error", result.error)
-    elif not result.complete:
-        ex.fail("upstream_error", "the stream ended before its final event")
     await record()
     if not ex.client_disconnected:
         try:

