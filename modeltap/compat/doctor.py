@@ -559,8 +559,8 @@ def _engine_max_tokens(ctx: _Context) -> list[Finding]:
         return [Finding("error", path, title, why, fix)]
     title = f"engine_max_tokens ({limit}) leaves no room for SGLang's scheduler margin"
     why = (
-        f"SGLang's scheduler refuses a prompt of {window_path} - 6 tokens or more (max_req_input_len = "
-        f"C - 1 - 5), yet AReaL passes prompts of up to {limit - 1} tokens."
+        f"SGLang's scheduler refuses a prompt of {window_path} - {SGLANG_WINDOW_MARGIN} tokens or more "
+        f"(max_req_input_len = C - 1 - 5), yet AReaL passes prompts of up to {limit - 1} tokens."
     )
     return [Finding("warning", path, title, why, fix)]
 
@@ -634,7 +634,7 @@ def _micro_batches(ctx: _Context) -> list[Finding]:
             "tokens: a longer one fits none, and the train step fails after its rollouts' GPU time is spent."
         )
         title = f"{role}'s micro-batches ({per_mb} tokens) are smaller than one trajectory ({longest})"
-        findings.append(Finding("error", path, title, why, f"++{path}={longest}"))
+        findings.append(Finding("error", path, title, why, _override(path, longest)))
     return findings
 
 
@@ -675,7 +675,7 @@ def _small_gpu(ctx: _Context) -> list[Finding]:
                 "(cli_args.py FSDPEngineConfig)."
             )
             title = "weights load onto every GPU at once"
-            findings.append(Finding("warning", load_path, title, why, f"++{load_path}=true"))
+            findings.append(Finding("warning", load_path, title, why, _override(load_path, True)))
     findings.extend(_alloc_conf(ctx, gpu))
     return findings
 
