@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bodies import short_turn
-from benchmarks.harness import RESULTS, Running, log, run_configs, select
+from benchmarks.harness import RESULTS, Running, log, run_configs, select, with_proxy_cpu
 from benchmarks.load import Run, first_answer, run_load
 from benchmarks.report import fmt, preamble, table
 
@@ -72,7 +72,7 @@ async def measure(running: list[Running], quick: bool) -> None:
                     continue
                 log(f"  round {round_index + 1}/{rounds} {scenario.key} {r.config.name}: {requests} requests")
                 body = functools.partial(body_for, stream=scenario.stream)
-                run = await run_load(
+                load = run_load(
                     r.started.target,
                     body,
                     requests,
@@ -80,6 +80,7 @@ async def measure(running: list[Running], quick: bool) -> None:
                     scenario.stream,
                     TIME_CAP_S / rounds,
                 )
+                run = await with_proxy_cpu(r.started, load)
                 runs.setdefault((r.config.name, scenario.key), Run()).merge(run)
     for r in running:
         r.row["scenarios"] = {
@@ -175,6 +176,8 @@ LATENCY_COLUMNS = [  # (header, scenario, key)
 ]
 # c=8 streams are paced by the stand-in's chunk gap, not by the proxy: no throughput column for them.
 THROUGHPUT_SCENARIOS = ["c8", "c64", "c64_stream"]
+# The proxy's own CPU per request: unlike latency, hardly moved by other work on a shared machine.
+CPU_SCENARIOS = ["c1", "c1_stream", "c64"]
 
 
 # The p50s that the ratio tables compare: (header, scenario, key).
@@ -203,7 +206,7 @@ def _latency_sections(results: dict[str, Any], ok: list[dict[str, Any]]) -> list
 
 
 def _throughput_section(ok: list[dict[str, Any]]) -> list[str]:
-    out = ["", "## Throughput (req/s), errors and peak RSS", ""]
+    out = ["", "## Throughput (req/s), errors, the proxy's CPU per request, peak RSS", ""]
     rows = [
         [
             r["name"],
@@ -249,7 +252,7 @@ def _peer_ratio_section(results: dict[str, Any], ok: list[dict[str, Any]]) -> li
         "## modeltap against each other configuration (modeltap ÷ other)",
         "",
         "Added latency: below 1 means modeltap adds less. Throughput: above 1 means modeltap serves more.",
-        "RSS: below 1 means modeltap uses less.",
+        "CPU per request and RSS: below 1 means modeltap uses less.",
         "",
     ]
     rows = [
@@ -260,6 +263,10 @@ def _peer_ratio_section(results: dict[str, Any], ok: list[dict[str, Any]]) -> li
                 for _, s, k in RATIO_COLUMNS
             ],
             *[fmt(_ratio(_metric(ours, s, "rps"), _metric(r, s, "rps"))) for s in THROUGHPUT_SCENARIOS],
+            *[
+                fmt(_ratio(_metric(ours, s, "cpu_ms_per_request"), _metric(r, s, "cpu_ms_per_request")))
+                for s in CPU_SCENARIOS
+            ],
             fmt(_ratio(ours.get("peak_rss_mb"), r.get("peak_rss_mb"))),
         ]
         for r in ok
@@ -269,6 +276,7 @@ def _peer_ratio_section(results: dict[str, Any], ok: list[dict[str, Any]]) -> li
         "vs",
         *[f"added {h}" for h, _, _ in RATIO_COLUMNS],
         *[f"{s} req/s" for s in THROUGHPUT_SCENARIOS],
+        *[f"CPU/req {s}" for s in CPU_SCENARIOS],
         "peak RSS",
     ]
     return out + table(header, rows)

@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks.bodies import conversations, session_turn
 from benchmarks.configs import qwen_tokenizer_dir
-from benchmarks.harness import RESULTS, Running, log, peak_rss_mb, run_configs, select
+from benchmarks.harness import RESULTS, Running, log, peak_rss_mb, run_configs, select, with_proxy_cpu
 from benchmarks.load import run_load, run_sessions
 from benchmarks.report import fmt, preamble, table
 
@@ -57,9 +57,10 @@ async def measure_length(running: list[Running], quick: bool) -> None:
         for r in running:
             log(f"  {length} tokens, {r.config.name}: {requests} requests")
             cold = await run_load(r.started.target, bodies[length], 1, 1, False, LENGTH_TIME_CAP_S, warmup=0)
-            run = await run_load(
-                r.started.target, bodies[length], requests, 1, False, LENGTH_TIME_CAP_S, warmup=LENGTH_WARMUP
+            load = run_load(
+                r.started.target, bodies[length], requests, 1, False, LENGTH_TIME_CAP_S, LENGTH_WARMUP
             )
+            run = await with_proxy_cpu(r.started, load)
             point = {
                 **run.summary(),
                 "cold_ms": cold.summary()["p50_ms"],
@@ -75,7 +76,7 @@ async def measure_sessions(running: list[Running], quick: bool) -> None:
         sessions = max(concurrent, math.ceil(point_requests / TURNS))
         for r in running:
             log(f"  {concurrent} concurrent sessions ({sessions} x {TURNS} turns), {r.config.name}")
-            run = await run_sessions(
+            load = run_sessions(
                 r.started.target,
                 concurrent,
                 sessions,
@@ -84,6 +85,7 @@ async def measure_sessions(running: list[Running], quick: bool) -> None:
                 SESSIONS_TIME_CAP_S,
                 SESSION_STAGGER_S,
             )
+            run = await with_proxy_cpu(r.started, load)
             point = {**run.summary(), "planned": sessions * TURNS, "peak_rss_mb": peak_rss_mb(r.started)}
             r.row.setdefault("sessions", {})[str(concurrent)] = point
 
@@ -111,18 +113,24 @@ def plot(results: dict[str, Any], out: Path) -> None:
             "prompt tokens (message contents, Qwen tokenizer)",
             [
                 ("p50_ms", "p50 latency, ms (c=1)"),
-                ("cold_ms", "first request, ms"),
+                ("cold_ms", "first request at the length, ms"),
+                ("cpu_ms_per_request", "proxy CPU per request, ms"),
                 ("peak_rss_mb", "peak RSS, MB"),
             ],
         ),
         "scale_sessions.png": (
             "sessions",
             "concurrent agent sessions",
-            [("p50_ms", "p50 latency, ms"), ("rps", "throughput, req/s"), ("peak_rss_mb", "peak RSS, MB")],
+            [
+                ("p50_ms", "p50 latency, ms"),
+                ("rps", "throughput, req/s"),
+                ("cpu_ms_per_request", "proxy CPU per request, ms"),
+                ("peak_rss_mb", "peak RSS, MB"),
+            ],
         ),
     }
     for filename, (phase, xlabel, metrics) in panels.items():
-        figure, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), constrained_layout=True)
+        figure, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 4), constrained_layout=True)
         for axis, (key, ylabel) in zip(axes, metrics, strict=True):
             for name, points in _series(results[phase], phase, key).items():
                 axis.plot(*zip(*points, strict=True), marker="o", label=name)
@@ -160,8 +168,8 @@ def render(results: dict[str, Any]) -> str:
         "",
     ]
     out += _phase_table(length, "length", [("p50", "p50_ms", 2), ("cold", "cold_ms", 1)])
-    out += ["", "Peak RSS (MB) after each length:", ""]
-    out += _phase_table(length, "length", [("RSS", "peak_rss_mb", 0)])
+    out += ["", "The proxy's CPU ms per request, and peak RSS (MB) after each length:", ""]
+    out += _phase_table(length, "length", [("CPU", "cpu_ms_per_request", 2), ("RSS", "peak_rss_mb", 0)])
     out += [
         "",
         "## Concurrent sessions",
@@ -176,8 +184,9 @@ def render(results: dict[str, Any]) -> str:
         "",
     ]
     out += _phase_table(sessions, "sessions", [("p50", "p50_ms", 1), ("req/s", "rps", 0)])
-    out += ["", "p99 latency (ms) and peak RSS (MB):", ""]
-    out += _phase_table(sessions, "sessions", [("p99", "p99_ms", 1), ("RSS", "peak_rss_mb", 0)])
+    out += ["", "p99 latency (ms), the proxy's CPU ms per request, peak RSS (MB):", ""]
+    keys = [("p99", "p99_ms", 1), ("CPU", "cpu_ms_per_request", 2), ("RSS", "peak_rss_mb", 0)]
+    out += _phase_table(sessions, "sessions", keys)
     errors = [
         f"- {row['name']} {phase} {x}: {p['errors']} errors, first: {p['first_error']}"
         for phase, res in (("length", length), ("sessions", sessions))

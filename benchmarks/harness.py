@@ -11,14 +11,15 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import machine
 from benchmarks.configs import Configuration, Started, all_configurations, started
+from benchmarks.load import Run
 from benchmarks.processes import HOST, free_port, start, wait_listening
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +50,20 @@ def select(only: str | None) -> list[Configuration]:
     return [c for c in configs if c.name in names]
 
 
+@contextmanager
+def stand_in_upstream(workdir: Path) -> Iterator[str]:
+    """The stand-in upstream (benchmarks/stand_in.py) running for the block; yields its base URL."""
+    port = free_port()
+    service = start(
+        "stand-in", [sys.executable, "-m", "benchmarks.stand_in", "--port", str(port)], workdir, cwd=REPO
+    )
+    try:
+        wait_listening(service, port)
+        yield f"http://{HOST}:{port}"
+    finally:
+        service.stop()
+
+
 async def run_configs(
     module: str, configs: list[Configuration], quick: bool, probe: bytes, measure: Measure
 ) -> dict[str, Any]:
@@ -65,28 +80,19 @@ async def run_configs(
         "load_before": machine.load(),
         "configs": [],
     }
-    with tempfile.TemporaryDirectory(prefix="modeltap-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="modeltap-bench-") as tmp,
+        stand_in_upstream(Path(tmp)) as upstream,
+    ):
         workdir = Path(tmp)
-        port = free_port()
-        stand_in = start(
-            "stand-in", [sys.executable, "-m", "benchmarks.stand_in", "--port", str(port)], workdir
-        )
-        try:
-            wait_listening(stand_in, port)
-            async with AsyncExitStack() as stack:
-                running = [
-                    r
-                    for config in configs
-                    if (r := await _start(stack, config, f"http://{HOST}:{port}", workdir, probe, results))
-                ]
-                await measure(running)
-                for r in running:
-                    r.row["peak_rss_mb"] = peak_rss_mb(r.started)
-                    r.row["status"] = "ok"
-            for r in running:  # stopped now, so every record is flushed
-                r.row["recorded"] = r.config.recorded(workdir / r.config.name)
-        finally:
-            stand_in.stop()
+        async with AsyncExitStack() as stack:
+            running = [r for c in configs if (r := await _start(stack, c, upstream, workdir, probe, results))]
+            await measure(running)
+            for r in running:
+                r.row["peak_rss_mb"] = peak_rss_mb(r.started)
+                r.row["status"] = "ok"
+        for r in running:  # stopped now, so every record is flushed
+            r.row["recorded"] = r.config.recorded(workdir / r.config.name)
     results["load_after"] = machine.load()
     return results
 
@@ -118,6 +124,16 @@ async def _start(
         return None
     row["startup_s"] = round(running.startup_s, 2)
     return Running(config, running, row)
+
+
+async def with_proxy_cpu(running: Started, load: Awaitable[Run]) -> Run:
+    """Await ``load`` and note on its run the CPU time the proxy used meanwhile (none for direct)."""
+    service = running.service
+    before = None if service is None else service.cpu_seconds()
+    run = await load
+    if service is not None and before is not None:
+        run.proxy_cpu_s = service.cpu_seconds() - before
+    return run
 
 
 def peak_rss_mb(running: Started) -> float | None:

@@ -47,6 +47,9 @@ class Run:
     errors: int = 0
     first_error: str | None = None
     wall_s: float = 0.0
+    warmups: int = 0
+    # CPU time the proxy used over the run, warm-up included (set by the caller, who knows the process).
+    proxy_cpu_s: float | None = None
 
     def merge(self, other: Run) -> None:
         """Add ``other``'s requests to this run, as if they had been one run."""
@@ -55,6 +58,9 @@ class Run:
         self.errors += other.errors
         self.first_error = self.first_error or other.first_error
         self.wall_s += other.wall_s
+        self.warmups += other.warmups
+        if other.proxy_cpu_s is not None:
+            self.proxy_cpu_s = (self.proxy_cpu_s or 0.0) + other.proxy_cpu_s
 
     @property
     def completed(self) -> int:
@@ -73,7 +79,13 @@ class Run:
             "p99_ms": percentile_ms(self.latencies_s, 99),
             "ttfb_p50_ms": percentile_ms(self.ttfbs_s, 50),
             "ttfb_p99_ms": percentile_ms(self.ttfbs_s, 99),
+            "cpu_ms_per_request": self.cpu_ms_per_request(),
         }
+
+    def cpu_ms_per_request(self) -> float | None:
+        """The proxy's CPU milliseconds per request sent (warm-ups and failures included)."""
+        sent = self.completed + self.errors + self.warmups
+        return None if self.proxy_cpu_s is None or not sent else round(1000 * self.proxy_cpu_s / sent, 3)
 
 
 def percentile_ms(values_s: list[float], pct: float) -> float | None:
@@ -149,7 +161,7 @@ async def run_load(
 
     ``warmup`` requests go first, untimed (bodies ``body_for(-1)``, ``body_for(-2)``...).
     """
-    run = Run()
+    run = Run(warmups=warmup)
     async with _client() as client:
         await _warm_up(client, target, body_for, stream, warmup)
         next_index = 0
@@ -181,7 +193,7 @@ async def run_sessions(
     A body is ``body_for_turn(session, turn)``. The ``concurrent`` workers start ``stagger_s`` apart, as
     agents do not all connect in one instant; each runs one session after another until none is left.
     """
-    run = Run()
+    run = Run(warmups=WARMUP_REQUESTS)
     async with _client() as client:
         await _warm_up(client, target, lambda i: body_for_turn(i, 0), False, WARMUP_REQUESTS)
         next_session = 0

@@ -22,6 +22,7 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.1
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -39,6 +40,15 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces; it ends at the last ')'
+    return int(fields[11]) + int(fields[12])  # utime, stime (proc(5) fields 14 and 15)
 
 
 def _peak_rss_kib(pid: int) -> int:
@@ -79,6 +89,10 @@ class Service:
         Read it before ``stop()``: a process that has exited has no VmHWM left to read.
         """
         return 1024 * sum(_peak_rss_kib(pid) for pid in self.tree())
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the live processes of the tree have used so far."""
+        return sum(_cpu_ticks(pid) for pid in self.tree()) / CLOCK_TICKS_PER_S
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the process printed, to explain a failure."""
