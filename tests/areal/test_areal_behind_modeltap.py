@@ -20,6 +20,7 @@ import openai
 import pytest
 from areal.experimental.openai.types import InteractionWithTokenLogpReward
 from areal_server import ArealProxyServer, ArealSession
+from conftest import ENGINE_MAX_TOKENS
 from fake_engine import TOOL_COMMAND, TOOL_RESULT_ANSWER
 
 from modeltap.proxy.config import ProxyConfig
@@ -238,3 +239,52 @@ async def test_claude_code_reaches_areal_but_its_tool_turn_breaks_areal_104_with
     # The failed turn never reached the engine, so only the first turn is left to train on.
     assert len(exported) == 1
     assert_records_match(exported, records[:1], 0.0)
+
+
+@pytest.fixture
+async def budgeted_modeltap(
+    areal_server: ArealProxyServer, tmp_path: Path, tokenizer_path: str
+) -> AsyncIterator[Proxy]:
+    """modeltap counting with the served model's tokenizer, its limits set to AReaL's engine_max_tokens."""
+    config = ProxyConfig(
+        upstream=areal_server.base_url,
+        host="127.0.0.1",
+        port=0,
+        store=str(tmp_path / "records.db"),
+        layout="areal",
+        tokenizer=tokenizer_path,
+        context_length=ENGINE_MAX_TOKENS,
+        engine_max_tokens=ENGINE_MAX_TOKENS,
+    )
+    async with Proxy(config) as proxy:
+        yield proxy
+
+
+async def test_a_prompt_over_budget_gets_modeltaps_400_instead_of_areals_500(
+    areal_server: ArealProxyServer, budgeted_modeltap: Proxy, qwen_tokenizer
+) -> None:
+    episode = await open_episode(areal_server, budgeted_modeltap, "budget")
+    client = openai.AsyncOpenAI(base_url=episode.tap.host_base_url + "/v1", api_key="unused", max_retries=0)
+    overlong = [{"role": "user", "content": "word" + " word" * ENGINE_MAX_TOKENS}]
+    prompt_tokens = len(
+        qwen_tokenizer.apply_chat_template(overlong, add_generation_prompt=True, return_dict=False)
+    )
+
+    with pytest.raises(openai.BadRequestError) as rejected:
+        await client.chat.completions.create(model="policy", messages=overlong)
+    # No tools: AReaL's request validation reorders each tool's keys ("function" before "type"),
+    # which changes the rendered prompt by a token; modeltap counts the tools as the client sent them.
+    answered = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": QUESTION}]
+    )
+    exported, records = await finish_episode(areal_server, budgeted_modeltap, episode, 1.0)
+
+    assert rejected.value.status_code == 400
+    assert rejected.value.code == "context_length_exceeded"
+    # P + M <= C - 1 with C = E (DESIGN §4): the -1 is for SGLang, which refuses P + M == C.
+    assert f"maximum context length is {ENGINE_MAX_TOKENS - 1} tokens" in rejected.value.message
+    assert f"({prompt_tokens} in the messages" in rejected.value.message
+    # AReaL never saw the rejected prompt; the next one it counted exactly as modeltap did.
+    assert list(exported) == [answered.id]
+    assert [record["status"] for record in records] == [400, 200]
+    assert records[1]["counted_prompt_tokens"] == answered.usage.prompt_tokens
