@@ -16,16 +16,40 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aiohttp import web
+
 from modeltap import __version__
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
-from modeltap.proxy.network import is_loopback
+from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
+from modeltap.records.export import FORMATS, write_export
+from modeltap.records.replay import comparison_text, load_mock, mock_app, replay
 from modeltap.records.store import StoreReader
-from modeltap.records.view import session_turns, sessions_table
+from modeltap.records.ui import viewer_app
+from modeltap.records.view import follow, resolve_session, session_turns, sessions_table, turn_text, turns
 
 EPILOG_SERVE = """example:
   modeltap serve --upstream http://10.0.0.5:41235 --port 8080
   # then: opencode baseURL http://127.0.0.1:8080/v1, Claude Code ANTHROPIC_BASE_URL=http://127.0.0.1:8080"""
+
+EPILOG_SHOW = """examples:
+  modeltap show s-3f2a              every turn: new messages, tool calls and results, reply, tokens, timing
+  modeltap show s-3f2a 4 --full     turn 4 in full, with its request and response bodies
+  modeltap show s-3f2a --json       the turns as JSON"""
+EPILOG_TAIL = """example (in a second terminal while `modeltap serve` runs):
+  modeltap tail --session s-3f2a"""
+EPILOG_EXPORT = """examples:
+  modeltap export s-3f2a --format har -o run.har      open in Chrome DevTools (Network > Import HAR)
+  modeltap export s-3f2a --format jsonl               one exchange per line, with "format_version"
+  modeltap export s-3f2a --format messages >> sft.jsonl   the final conversation and its tools"""
+EPILOG_REPLAY = """example:
+  modeltap replay s-3f2a --upstream http://127.0.0.1:8000 --turn 3
+the replay is recorded as a new session labelled replay_of=SESSION; exit status 1 when a turn differs"""
+EPILOG_MOCK = """example:
+  modeltap mock --session s-3f2a --port 9000
+  # then point the agent at http://127.0.0.1:9000/v1 (OpenAI-style) or http://127.0.0.1:9000 (Anthropic)"""
+EPILOG_UI = """example:
+  modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,12 +148,56 @@ def _parser() -> argparse.ArgumentParser:
     _store_option(sessions)
     _json_option(sessions)
 
-    show = _command(
-        commands, "show", _show, "show a session turn by turn", "example:\n  modeltap show s-3f2a"
-    )
+    show = _command(commands, "show", _show, "show a session turn by turn: what each turn added", EPILOG_SHOW)
     show.add_argument("session", help="session id, or its first characters")
+    show.add_argument("turn", nargs="?", type=int, help="one turn (from 1), shown in full")
+    show.add_argument("--full", action="store_true", help="with the full request and response bodies")
     _store_option(show)
     _json_option(show)
+
+    tail = _command(commands, "tail", _tail, "follow exchanges live as they are recorded", EPILOG_TAIL)
+    tail.add_argument("--session", help="only this session (id, or its first characters)")
+    tail.add_argument(
+        "-n", "--lines", type=int, default=10, help="recorded exchanges to print first (default 10)"
+    )
+    _store_option(tail)
+    _json_option(tail)
+
+    export = _command(
+        commands, "export", _export, "write a session as HAR, JSON lines or SFT messages", EPILOG_EXPORT
+    )
+    export.add_argument("session", help="session id, or its first characters")
+    export.add_argument("--format", choices=FORMATS, default="har", help="output format (default har)")
+    export.add_argument("-o", "--output", help="file to write (default stdout)")
+    _store_option(export)
+
+    replay_ = _command(
+        commands, "replay", _replay, "re-send a session to another upstream and compare", EPILOG_REPLAY
+    )
+    replay_.add_argument("session", help="session id, or its first characters")
+    replay_.add_argument("--upstream", help="base URL to re-send to (default $MODELTAP_UPSTREAM)")
+    replay_.add_argument("--turn", type=int, help="only this turn (from 1)")
+    replay_.add_argument(
+        "--layout", choices=("areal", "openai", "auto"), help="the upstream's path layout (default auto)"
+    )
+    replay_.add_argument("--upstream-key", help="API key to send upstream")
+    _store_option(replay_)
+    _json_option(replay_)
+
+    mock = _command(
+        commands, "mock", _mock, "serve recorded responses as a deterministic upstream", EPILOG_MOCK
+    )
+    mock.add_argument(
+        "--session", help="serve this session in turn order (default: every session, exact bodies)"
+    )
+    mock.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    mock.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
+    mock.add_argument("--realtime", action="store_true", help="answer at the recorded pace")
+    _store_option(mock)
+
+    ui = _command(commands, "ui", _ui, "browse recorded sessions in a local web viewer", EPILOG_UI)
+    ui.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
+    _store_option(ui)
 
     demo = _command(
         commands,
@@ -200,15 +268,101 @@ def _sessions(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     with StoreReader(_store_path(args)) as reader:
-        matches = reader.session_ids(args.session)
-        exact = [m for m in matches if m == args.session]
-        if len(exact) != 1 and len(matches) != 1:
-            found = ", ".join(matches[:10]) or "none"
-            raise ValueError(f"{args.session!r} names {len(matches)} sessions ({found}); give more of the id")
-        session_id = exact[0] if exact else matches[0]
+        session_id = resolve_session(reader, args.session)
         rows = reader.exchanges(session_id)
-    print(json.dumps(rows, indent=2) if args.json else session_turns(session_id, rows))
+    listed = turns(rows, full=args.full)
+    if args.turn is not None:
+        if not 1 <= args.turn <= len(listed):
+            raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
+        turn = listed[args.turn - 1]
+        print(json.dumps(turn, indent=2, ensure_ascii=False) if args.json else turn_text(turn))
+    elif args.json:
+        print(json.dumps(listed, indent=2, ensure_ascii=False))
+    else:
+        print("\n\n".join(turn_text(t) for t in listed) if args.full else session_turns(session_id, rows))
     return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    follow(_store_path(args), session=args.session, history=args.lines, as_json=args.json)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    with StoreReader(_store_path(args)) as reader:
+        session_id = resolve_session(reader, args.session)
+        if args.output is None:
+            write_export(reader, session_id, args.format, sys.stdout)
+            return 0
+        with open(args.output, "w", encoding="utf-8") as out:
+            write_export(reader, session_id, args.format, out)
+    print(f"wrote session {session_id} as {args.format} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    store = _store_path(args)
+    with StoreReader(store) as reader:
+        session_id = resolve_session(reader, args.session)
+    flags = {"upstream": args.upstream, "layout": args.layout, "upstream_key": args.upstream_key}
+    config = ProxyConfig.from_sources(flags | {"store": store, "host": "127.0.0.1", "port": 0, "sync": True})
+    if config.upstream is None:
+        raise ValueError("give --upstream URL (or set MODELTAP_UPSTREAM)")
+    replayed, comparisons = asyncio.run(_replay_through_proxy(config, session_id, args.turn))
+    if args.json:
+        print(json.dumps({"session": session_id, "replay_session": replayed, "turns": comparisons}, indent=2))
+    else:
+        print(comparison_text(comparisons) + f"\nrecorded as session {replayed}: modeltap show {replayed}")
+    return 1 if any(c["differs"] for c in comparisons) else 0
+
+
+async def _replay_through_proxy(
+    config: ProxyConfig, session_id: str, turn: int | None
+) -> tuple[str, list[dict[str, Any]]]:
+    """The replay goes through a modeltap Proxy, which lays out paths for the upstream, assembles
+    streams and records each replayed exchange in a session of its own."""
+    async with Proxy(config) as proxy:
+        session = proxy.sessions.open(labels={"replay_of": session_id})
+        comparisons = await replay(
+            config.store, session_id, session.host_base_url, replay_session=session.id, turn=turn
+        )
+    return session.id, comparisons
+
+
+def _mock(args: argparse.Namespace) -> int:
+    store = _store_path(args)
+    session_id = None
+    if args.session:
+        with StoreReader(store) as reader:
+            session_id = resolve_session(reader, args.session)
+    mock = load_mock(store, session=session_id, realtime=args.realtime)
+    what = f"session {session_id} in turn order" if session_id else "every session, matched by request body"
+    banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}"
+    asyncio.run(_serve_app_until_signalled(mock_app(mock), args.host, args.port, banner))
+    return 0
+
+
+def _ui(args: argparse.Namespace) -> int:
+    store = _store_path(args)
+    asyncio.run(
+        _serve_app_until_signalled(viewer_app(store), "127.0.0.1", args.port, f"modeltap ui: {store}")
+    )
+    return 0
+
+
+async def _serve_app_until_signalled(app: web.Application, host: str, port: int, banner: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        print(f"{banner}\n  listening on {url(host_address(host), runner.addresses[0][1])}", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def _demo(args: argparse.Namespace) -> int:

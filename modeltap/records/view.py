@@ -1,16 +1,134 @@
-"""Text views of recorded sessions for a person at a terminal: the sessions table and a session's turns.
+"""Views of recorded sessions for a person debugging an agent: turns, and their text for a terminal.
 
-Owns: layout of `modeltap sessions` and `modeltap show`. Does not own: reading (store.py) or the
-JSON forms (the CLI prints store rows as they are with --json).
+Owns: turning a session's exchanges into turns, each saying what it added against the turn whose
+conversation it continues (new messages, tool calls and their results, the reply, finish reason,
+tokens, timing, budget decision, error), as JSON-ready dicts (`show --json`, `tail --json`, the web
+viewer) and as text (`sessions`, `show`, `tail`); following a records database as it grows (`tail`).
+Does not own: reading the store (store.py), summarising one body (summary.py), export formats
+(export.py).
+
+A turn is one exchange of the session, numbered from 1 in recording order, so `show S 3`,
+`replay S --turn 3` and the viewer's #3 name the same exchange.
+
+    with StoreReader(path) as reader:
+        session = resolve_session(reader, "s-3f")
+        print(session_turns(session, reader.exchanges(session)))
 """
 
 from __future__ import annotations
 
+import json
+import sys
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
-from modeltap.records.summary import summarize
+from modeltap.records.store import SCHEMA_VERSION, StoreReader, connect
+from modeltap.records.summary import new_messages, summarize, tool_call_parse_failure
+
+# How many earlier exchanges a turn is compared with to find the one it continues. Agents interleave
+# side requests with their main thread (opencode's title request, a compaction request, Claude Code's
+# small-model calls: shared/reference/agent-clients.md), so "the previous exchange" is often not the
+# previous turn of the conversation; a handful of look-backs finds it.
+LOOKBACK = 16
+# How often `tail` looks for new exchanges: fast enough to feel live, and a poll of an idle WAL
+# database costs one indexed query.
+TAIL_POLL_S = 0.5
+# How many recorded exchanges `tail` prints before following, as `tail` prints 10 lines.
+TAIL_HISTORY = 10
+# One message or reply per line in the session view; the full text is one `show SESSION TURN` away.
+LINE_CHARS = 110
+_ROLE_WIDTH = 10
+
+
+def resolve_session(reader: StoreReader, prefix: str) -> str:
+    """The session id that `prefix` names: an exact id, or the first characters of exactly one."""
+    matches = reader.session_ids(prefix)
+    if prefix in matches:
+        return prefix
+    if len(matches) == 1:
+        return matches[0]
+    found = ", ".join(matches[:10]) or "none"
+    raise ValueError(f"{prefix!r} names {len(matches)} sessions ({found}); give more of the id")
+
+
+def turns(exchanges: Sequence[dict[str, Any]], *, full: bool = False) -> list[dict[str, Any]]:
+    """A session's exchanges (from `StoreReader.exchanges(session)`, with bodies) as turns, numbered
+    from 1. With `full`, each turn also carries its `request`, `sent` (the body as it went upstream
+    when the budget clamped it) and `response`."""
+    out = []
+    for index, ex in enumerate(exchanges):
+        continues = _continued(exchanges, index)
+        previous = exchanges[continues]["request"] if continues is not None else None
+        turn = turn_record(ex, index + 1, previous, continues + 1 if continues is not None else None)
+        if full:
+            turn |= {"request": ex.get("request"), "sent": ex.get("sent"), "response": ex.get("response")}
+        out.append(turn)
+    return out
+
+
+def turn_record(
+    ex: dict[str, Any], number: int | None, previous_request: Any = None, continues: int | None = None
+) -> dict[str, Any]:
+    """One exchange as a turn. `previous_request` is the request of the turn it continues (number
+    `continues`); without it every message of the request counts as new."""
+    endpoint = ex.get("endpoint") or ""
+    request = ex.get("request") if isinstance(ex.get("request"), dict) else None
+    summary = summarize(endpoint, request, ex.get("response"))
+    added = new_messages(endpoint, request, previous_request) if request is not None else []
+    error = {"class": ex["error_class"], "message": ex["error_message"]} if ex.get("error_class") else None
+    return {
+        "turn": number,
+        "id": ex["id"],
+        "seq": ex["seq"],
+        "session_id": ex["session_id"],
+        "labels": ex["labels"],
+        "method": ex["method"],
+        "endpoint": ex["endpoint"],
+        "path": ex["path"],
+        "status": ex["status"],
+        "streamed": ex["streamed"],
+        "stream_complete": ex["stream_complete"],
+        "model": ex["model"],
+        "started": ex["started"],
+        "ttfb_ms": _ms(ex["started"], ex["first_byte"]),
+        "latency_ms": _ms(ex["started"], ex["ended"]),
+        "prompt_tokens": ex["prompt_tokens"] if ex["prompt_tokens"] is not None else summary.prompt_tokens,
+        "completion_tokens": summary.completion_tokens,
+        "counted_prompt_tokens": ex["counted_prompt_tokens"],
+        "finish_reason": summary.finish_reason,
+        "reply": summary.text,
+        "tool_calls": summary.tool_calls,
+        "continues": continues,
+        "new_messages": added,
+        "tool_results": tool_results(added),
+        "budget": ex["budget"],
+        "error": error,
+        "tool_call_parse_failure": tool_call_parse_failure(endpoint, ex.get("response")),
+        "user_agent": ex["user_agent"],
+        "retry_count": ex["retry_count"],
+        "client_disconnected": ex["client_disconnected"],
+    }
+
+
+def tool_results(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """The tool results among `messages`, as `{"id", "content", "is_error"}`: OpenAI `role: tool`
+    messages, Anthropic `tool_result` blocks, Responses `function_call_output` items."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "tool":
+            out.append(_result(message.get("tool_call_id"), message.get("content")))
+        elif message.get("type") in ("function_call_output", "custom_tool_call_output"):
+            out.append(_result(message.get("call_id"), message.get("output")))
+        elif isinstance(message.get("content"), list):
+            for block in message["content"]:
+                if isinstance(block, dict) and block.get("type") == "tool_result":
+                    out.append(_result(block.get("tool_use_id"), block.get("content"), block.get("is_error")))
+    return out
 
 
 def sessions_table(sessions: Sequence[dict[str, Any]]) -> str:
@@ -32,32 +150,253 @@ def sessions_table(sessions: Sequence[dict[str, Any]]) -> str:
 
 
 def session_turns(session_id: str, exchanges: Sequence[dict[str, Any]]) -> str:
-    """A session turn by turn: endpoint, status, latency, time to first byte, tokens, finish reason,
-    tool calls and errors."""
-    rows = [("#", "TIME", "ENDPOINT", "STATUS", "LATENCY", "TTFB", "TOKENS", "FINISH", "TOOL CALLS / ERROR")]
-    for n, ex in enumerate(exchanges, 1):
-        summary = summarize(ex["endpoint"] or "", ex.get("request"), ex.get("response"))
-        calls = ", ".join(f"{c['name']}({_short(c['arguments'])})" for c in summary.tool_calls)
-        note = calls
-        if ex["error_class"]:
-            note = f"{ex['error_class']}: {_short(ex['error_message'] or '', 90)}"
-        elif not calls and summary.text:
-            note = repr(_short(summary.text, 60))
-        rows.append(
-            (
-                str(n),
-                _when(ex["started"]),
-                (ex["endpoint"] or "?") + (" (stream)" if ex["streamed"] else ""),
-                str(ex["status"] or "-"),
-                _ms(ex["started"], ex["ended"]),
-                _ms(ex["started"], ex["first_byte"]),
-                f"{_num(summary.prompt_tokens)}→{_num(summary.completion_tokens)}",
-                summary.finish_reason or "-",
-                note,
-            )
+    """A session turn by turn, each with what it added, one line per message (`modeltap show S`)."""
+    listed = turns(exchanges)
+    labels = listed[0]["labels"] if listed else {}
+    title = f"session {session_id}: {len(listed)} turn(s)"
+    if labels:
+        title += "  " + " ".join(f"{k}={v}" for k, v in labels.items())
+    return "\n".join([title, *(line for turn in listed for line in _turn_lines(turn, LINE_CHARS))])
+
+
+def turn_text(turn: dict[str, Any]) -> str:
+    """One turn in full (`modeltap show S TURN`); with its bodies when the turn carries them."""
+    lines = _turn_lines(turn, None)
+    for key, title in (("request", "request"), ("sent", "sent upstream (clamped)"), ("response", "response")):
+        if turn.get(key) is not None:
+            lines += [f"── {title}", json.dumps(turn[key], indent=2, ensure_ascii=False)]
+    return "\n".join(lines)
+
+
+def tail_line(turn: dict[str, Any]) -> str:
+    """One exchange on one line, as `modeltap tail` prints it."""
+    number = f"#{turn['turn']}" if turn["turn"] is not None else ""
+    return f"{_when(turn['started'])}  {turn['session_id'] or '-'} {number}  " + _headline(turn)
+
+
+def follow(
+    path: Path | str,
+    *,
+    session: str | None = None,
+    history: int = TAIL_HISTORY,
+    as_json: bool = False,
+    out: TextIO = sys.stdout,
+    poll_s: float = TAIL_POLL_S,
+    stop: threading.Event | None = None,
+) -> None:
+    """Print the last `history` exchanges (of `session`, or of all), then each new one as it is
+    recorded, until `stop` is set (or for ever). Waits for the database if it does not exist yet, so
+    `tail` may start before `serve`. Reads through a read-only connection: safe beside the writer."""
+    stop = stop or threading.Event()
+    reader = _open_when_ready(Path(path), poll_s, stop)
+    if reader is None:
+        return
+    with reader:
+        if session is not None:
+            matches = reader.session_ids(session)
+            session = matches[0] if len(matches) == 1 and session not in matches else session
+        numbers: dict[str | None, int] = {}
+        number_of: dict[str, int] = {}
+        recorded = reader.exchanges(session, bodies=False)
+        for row in recorded:
+            numbers[row["session_id"]] = number_of[row["id"]] = numbers.get(row["session_id"], 0) + 1
+        last_seq = recorded[-1]["seq"] if recorded else 0
+        if history > 0 and recorded:
+            since = recorded[-history - 1]["seq"] if len(recorded) > history else 0
+            for row in reader.exchanges(session, after_seq=since, limit=min(history, len(recorded))):
+                _print_tail(row, number_of[row["id"]], as_json, out)
+        while not stop.wait(poll_s):
+            for row in reader.exchanges(session, after_seq=last_seq):
+                numbers[row["session_id"]] = numbers.get(row["session_id"], 0) + 1
+                _print_tail(row, numbers[row["session_id"]], as_json, out)
+                last_seq = row["seq"]
+
+
+def _print_tail(row: dict[str, Any], number: int | None, as_json: bool, out: TextIO) -> None:
+    turn = turn_record(row, number if row["session_id"] is not None else None)
+    out.write((json.dumps(turn, ensure_ascii=False) if as_json else tail_line(turn)) + "\n")
+    out.flush()
+
+
+def _open_when_ready(path: Path, poll_s: float, stop: threading.Event) -> StoreReader | None:
+    """A reader of `path` once it exists at the schema this modeltap reads; None if stopped first."""
+    said = False
+    while True:
+        try:
+            return StoreReader(path)
+        except FileNotFoundError:
+            if not said:
+                print(
+                    f"modeltap tail: waiting for records at {path} (is `modeltap serve` running?)",
+                    file=sys.stderr,
+                )
+                said = True
+        except RuntimeError:
+            if path.exists() and _newer_schema(path):
+                raise
+        if stop.wait(poll_s):
+            return None
+
+
+def _newer_schema(path: Path) -> bool:
+    """True when the database is from a newer modeltap, which waiting will not fix (a database still
+    being created by `serve` has a lower version for a moment)."""
+    conn = connect(path, readonly=True)
+    try:
+        return bool(conn.execute("PRAGMA user_version").fetchone()[0] > SCHEMA_VERSION)
+    finally:
+        conn.close()
+
+
+def _continued(exchanges: Sequence[dict[str, Any]], index: int) -> int | None:
+    """The index of the earlier exchange whose conversation exchange `index` extends furthest: the
+    fewest new messages, the most recent on a tie, among the last LOOKBACK of the same endpoint."""
+    ex = exchanges[index]
+    endpoint = ex.get("endpoint") or ""
+    request = ex.get("request")
+    if not isinstance(request, dict):
+        return None
+    best: tuple[int, int] | None = None
+    for earlier in range(index - 1, max(index - 1 - LOOKBACK, -1), -1):
+        candidate = exchanges[earlier]
+        if candidate.get("endpoint") != ex.get("endpoint") or not isinstance(candidate.get("request"), dict):
+            continue
+        added = len(new_messages(endpoint, request, candidate["request"]))
+        if best is None or added < best[0]:
+            best = (added, earlier)
+    # A candidate sharing nothing with this turn is not its predecessor: everything is new.
+    if best is None or best[0] >= len(new_messages(endpoint, request, None)):
+        return None
+    return best[1]
+
+
+def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
+    lines = [f"#{turn['turn']}  {_when(turn['started'])}  {_headline(turn)}"]
+    indent = "    "
+    if width is None:
+        client = f"  client {turn['user_agent']}" if turn["user_agent"] else ""
+        retry = f"  SDK retry {turn['retry_count']}" if turn["retry_count"] else ""
+        lines.append(f"{indent}{turn['method']} {turn['path']}  model {turn['model'] or '-'}{client}{retry}")
+    if turn["continues"] is not None and turn["continues"] != turn["turn"] - 1:
+        lines.append(f"{indent}(continues #{turn['continues']})")
+    for message in turn["new_messages"]:
+        role, text = _describe(message)
+        lines += _wrapped(f"{indent}+ {role:<{_ROLE_WIDTH}} ", text, width)
+    for call in turn["tool_calls"]:
+        lines += _wrapped(f"{indent}← {'tool call':<{_ROLE_WIDTH}} ", _call_text(call), width)
+    if turn["reply"]:
+        lines += _wrapped(f"{indent}← {'reply':<{_ROLE_WIDTH}} ", turn["reply"], width)
+    if turn["tool_call_parse_failure"]:
+        lines.append(f"{indent}! finish_reason says tool call but none parsed (the model's tool-call output)")
+    budget = turn["budget"]
+    if budget and (budget.get("action") != "pass" or width is None):
+        lines.append(f"{indent}budget {_budget_text(budget)}")
+    if turn["error"]:
+        lines += _wrapped(
+            f"{indent}! {turn['error']['class']:<{_ROLE_WIDTH}} ", turn["error"]["message"] or "", width
         )
-    title = f"session {session_id}: {len(exchanges)} exchange(s)"
-    return title + "\n" + _columns(rows)
+    return lines
+
+
+def _headline(turn: dict[str, Any]) -> str:
+    """Endpoint, status, timing, tokens and finish reason of a turn; its tool calls or error on tail."""
+    timing = _duration(turn["latency_ms"])
+    if turn["streamed"]:
+        timing += f" (first byte {_duration(turn['ttfb_ms'])})"
+    parts = [
+        (turn["endpoint"] or turn["path"]) + (" (stream)" if turn["streamed"] else ""),
+        str(turn["status"] or "-"),
+        timing,
+    ]
+    if turn["prompt_tokens"] is not None or turn["completion_tokens"] is not None:
+        parts.append(f"tokens {_num(turn['prompt_tokens'])}→{_num(turn['completion_tokens'])}")
+    if turn["finish_reason"]:
+        parts.append(turn["finish_reason"])
+    calls = ", ".join(_short(_call_text(call), 60) for call in turn["tool_calls"])
+    if turn["error"]:
+        calls = f"{turn['error']['class']}: {_short(turn['error']['message'] or '', 80)}"
+    return "  ".join(parts) + (f"  {calls}" if calls else "")
+
+
+def _budget_text(budget: dict[str, Any]) -> str:
+    text = f"{budget.get('action')}: prompt {_num(budget.get('prompt_tokens'))} tokens"
+    if budget.get("field"):
+        text += f", {budget['field']} {_num(budget.get('requested'))} → {_num(budget.get('allowed'))}"
+    if budget.get("limit") is not None:
+        text += f" (limit {budget['limit']})"
+    for key in ("note", "error"):
+        if budget.get(key):
+            text += f"; {budget[key]}"
+    return text
+
+
+def _describe(message: Any) -> tuple[str, str]:
+    """(role, text) of one message in any dialect: text parts as they are, tool calls as
+    `→ name(arguments)`, tool results as `⇐ id: output`, other parts as `[type]`."""
+    if not isinstance(message, dict):
+        return "?", json.dumps(message, ensure_ascii=False)
+    kind = message.get("type")
+    if kind in ("function_call", "custom_tool_call"):
+        return "assistant", _call_text(
+            {"name": message.get("name"), "arguments": message.get("arguments", message.get("input"))}
+        )
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return "tool", f"⇐ {message.get('call_id')}: {_content_text(message.get('output'))}"
+    role = str(message.get("role") or kind or "?")
+    pieces = [] if message.get("content") is None else [_content_text(message.get("content"))]
+    if role == "tool":
+        pieces.insert(0, f"⇐ {message.get('tool_call_id')}:")
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {} if isinstance(call, dict) else {}
+        pieces.append(_call_text({"name": function.get("name"), "arguments": function.get("arguments")}))
+    return role, " ".join(piece for piece in pieces if piece)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return "" if content is None else json.dumps(content, ensure_ascii=False)
+    pieces = []
+    for block in content:
+        if not isinstance(block, dict):
+            pieces.append(str(block))
+            continue
+        kind = block.get("type")
+        if isinstance(block.get("text"), str):
+            pieces.append(block["text"])
+        elif kind == "tool_use":
+            pieces.append(_call_text({"name": block.get("name"), "arguments": block.get("input")}))
+        elif kind == "tool_result":
+            error = " (error)" if block.get("is_error") else ""
+            pieces.append(f"⇐ {block.get('tool_use_id')}{error}: {_content_text(block.get('content'))}")
+        elif kind == "thinking":
+            pieces.append(f"(thinking) {block.get('thinking', '')}")
+        else:
+            pieces.append(f"[{kind}]")
+    return " ".join(pieces)
+
+
+def _result(call_id: Any, content: Any, is_error: Any = None) -> dict[str, Any]:
+    return {"id": call_id, "content": _content_text(content), "is_error": bool(is_error)}
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    arguments = call.get("arguments")
+    if arguments is not None and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return f"→ {call.get('name')}({arguments or ''})"
+
+
+def _wrapped(prefix: str, text: str, width: int | None) -> Iterator[str]:
+    """`text` after `prefix`: on one shortened line with a `width`, else in full, its own lines
+    indented under the first."""
+    if width is not None:
+        yield prefix + _short(text, max(width - len(prefix), 20))
+        return
+    pad = " " * len(prefix)
+    for n, line in enumerate(text.splitlines() or [""]):
+        yield (prefix if n == 0 else pad) + line
 
 
 def _columns(rows: list[tuple[str, ...]]) -> str:
@@ -71,8 +410,14 @@ def _when(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-def _ms(start: float | None, end: float | None) -> str:
-    return f"{(end - start) * 1000:.0f}ms" if start and end else "-"
+def _ms(start: float | None, end: float | None) -> int | None:
+    return round((end - start) * 1000) if start and end else None
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms}ms" if ms < 1000 else f"{ms / 1000:.2f}s"
 
 
 def _num(value: int | None) -> str:

@@ -1,0 +1,512 @@
+"""A recorded session in the formats other tools read: HAR 1.2, JSON lines, and chat messages for SFT.
+
+Owns: `modeltap export` (`har`, `jsonl`, `messages`), and a recorded response as the stream that
+carried it (`stream_events`): the raw SSE bytes when `serve --keep-raw-sse` kept them, else events
+re-synthesised from the assembled body in the endpoint's own wire format (the shapes the clients
+accept: shared/reference/agent-clients.md, "SSE shapes the clients accepted"). The HAR export and the
+mock upstream (replay.py) both play streams from here. Does not own: reading the store (store.py) or
+turn views (view.py).
+
+Re-synthesised streams carry each text, each tool call's arguments and each block in one event: the
+original chunk boundaries exist only in raw SSE. mitmproxy's HAR, by contrast, keeps no body at all
+for a streamed response (shared/reference/peer-proxies.md §8.2).
+
+    with StoreReader(path) as reader:
+        write_export(reader, "s-3f2a", "har", sys.stdout)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import Any, TextIO
+from urllib.parse import parse_qsl, urlsplit
+
+from modeltap import __version__
+from modeltap.records.store import StoreReader
+
+FORMATS = ("har", "jsonl", "messages")
+# Each JSONL line says which format it is in; a reader checks it before trusting the fields.
+JSONL_FORMAT = "modeltap.exchange"
+JSONL_FORMAT_VERSION = 1
+# The host of a HAR entry that never reached an upstream (a budget refusal, an unknown route). HAR
+# needs an absolute URL; `.invalid` is reserved never to resolve (RFC 2606).
+LOCAL_ORIGIN = "http://modeltap.invalid"
+# The endpoints whose exchanges hold a conversation (`messages` export, per-dialect streams).
+CONVERSATIONS = ("chat", "messages", "responses")
+
+
+def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) -> None:
+    """Write session `session_id` to `out` in `fmt`: "har", "jsonl" or "messages"."""
+    if fmt == "har":
+        out.write(json.dumps(har(reader, session_id), indent=2, ensure_ascii=False) + "\n")
+    elif fmt == "jsonl":
+        for line in jsonl(reader, session_id):
+            out.write(line + "\n")
+    elif fmt == "messages":
+        out.write(json.dumps(conversation(reader.exchanges(session_id)), ensure_ascii=False) + "\n")
+    else:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+
+
+def jsonl(reader: StoreReader, session_id: str) -> Iterator[str]:
+    """One JSON object per exchange, in recording order, with its bodies, turn number and format
+    version; `raw_sse` is the stream's text when it was kept."""
+    for number, ex in enumerate(reader.exchanges(session_id), 1):
+        raw = reader.raw_sse(ex["id"]) if ex["streamed"] else None
+        line = {"format": JSONL_FORMAT, "format_version": JSONL_FORMAT_VERSION, "turn": number, **ex}
+        line["raw_sse"] = raw.decode("utf-8", "replace") if raw is not None else None
+        yield json.dumps(line, ensure_ascii=False)
+
+
+def har(reader: StoreReader, session_id: str) -> dict[str, Any]:
+    """The session as a HAR 1.2 log (one page, one entry per exchange) that Chrome DevTools and other
+    HAR viewers import. Streamed responses keep their SSE text as the body; modeltap's own fields
+    (turn, tokens, budget, error, assembled body) sit under `_modeltap`, as HAR allows custom fields."""
+    exchanges = reader.exchanges(session_id)
+    entries = [_har_entry(ex, number, session_id, reader.raw_sse) for number, ex in enumerate(exchanges, 1)]
+    started = exchanges[0]["started"] if exchanges else datetime.now(UTC).timestamp()
+    page = {
+        "startedDateTime": _iso(started),
+        "id": session_id,
+        "title": f"modeltap session {session_id}",
+        "pageTimings": {"onContentLoad": -1, "onLoad": -1},
+    }
+    creator = {"name": "modeltap", "version": __version__}
+    return {"log": {"version": "1.2", "creator": creator, "pages": [page], "entries": entries}}
+
+
+def _har_entry(
+    ex: dict[str, Any], number: int, page: str, raw_sse: Callable[[str], bytes | None]
+) -> dict[str, Any]:
+    request = ex.get("request")
+    url = ex["upstream_url"] or LOCAL_ORIGIN + ex["path"]
+    headers = [{"name": "User-Agent", "value": ex["user_agent"]}] if ex["user_agent"] else []
+    har_request: dict[str, Any] = {
+        "method": ex["method"],
+        "url": url,
+        "httpVersion": "HTTP/1.1",
+        "cookies": [],
+        "headers": headers,
+        "queryString": [{"name": k, "value": v} for k, v in parse_qsl(urlsplit(url).query, True)],
+        "headersSize": -1,
+        "bodySize": 0,
+    }
+    if request is not None:
+        text = request if isinstance(request, str) else json.dumps(request, ensure_ascii=False)
+        har_request["postData"] = {"mimeType": "application/json", "text": text}
+        har_request["headers"] = [*headers, {"name": "Content-Type", "value": "application/json"}]
+        har_request["bodySize"] = len(text.encode())
+    streamed = ex["streamed"] and ex["endpoint"] in CONVERSATIONS and ex.get("response") is not None
+    raw = raw_sse(ex["id"]) if streamed else None
+    if streamed:
+        body = b"".join(stream_events(ex, raw)).decode("utf-8", "replace")
+        mime = "text/event-stream"
+    else:
+        body = json.dumps(ex["response"], ensure_ascii=False) if ex.get("response") is not None else ""
+        mime = "application/json"
+    size = len(body.encode())
+    wait = _span(ex["started"], ex["first_byte"])
+    receive = _span(ex["first_byte"], ex["ended"])
+    return {
+        "pageref": page,
+        "startedDateTime": _iso(ex["started"]),
+        "time": wait + receive,
+        "request": har_request,
+        "response": {
+            "status": ex["status"] or 0,
+            "statusText": _phrase(ex["status"]),
+            "httpVersion": "HTTP/1.1",
+            "cookies": [],
+            "headers": [{"name": "Content-Type", "value": mime}],
+            "content": {"size": size, "mimeType": mime, "text": body},
+            "redirectURL": "",
+            "headersSize": -1,
+            "bodySize": size,
+        },
+        "cache": {},
+        "timings": {
+            "blocked": -1,
+            "dns": -1,
+            "connect": -1,
+            "ssl": -1,
+            "send": 0,
+            "wait": wait,
+            "receive": receive,
+        },
+        "_modeltap": {
+            "exchange_id": ex["id"],
+            "session_id": ex["session_id"],
+            "turn": number,
+            "path": ex["path"],
+            "endpoint": ex["endpoint"],
+            "streamed": ex["streamed"],
+            "stream_complete": ex["stream_complete"],
+            "stream_source": ("raw" if raw is not None else "resynthesised") if streamed else None,
+            "assembled_response": ex.get("response") if streamed else None,
+            "sent": ex.get("sent"),
+            "model": ex["model"],
+            "finish_reason": ex["finish_reason"],
+            "prompt_tokens": ex["prompt_tokens"],
+            "completion_tokens": ex["completion_tokens"],
+            "budget": ex["budget"],
+            "error_class": ex["error_class"],
+            "error_message": ex["error_message"],
+            "retry_count": ex["retry_count"],
+        },
+    }
+
+
+# -- the conversation, for supervised fine-tuning -----------------------------------------------
+
+
+def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The session's final conversation in OpenAI chat format: `{"messages": [...], "tools": [...]}`,
+    one line of an SFT set (OpenAI's fine-tuning format for chat with tools).
+
+    The final conversation is the last successful exchange that offered tools, else the last
+    successful one: agents interleave tool-less side requests (opencode's title, a compaction
+    summary: agent-clients.md) with their main loop, and those are not the conversation. Its request
+    history is followed by its reply. Anthropic Messages and Responses conversations are translated;
+    a Responses request chained by `previous_response_id` gets its earlier turns from the session.
+    """
+    done = [
+        ex
+        for ex in exchanges
+        if ex["endpoint"] in CONVERSATIONS
+        and ex["status"] == 200
+        and isinstance(ex.get("request"), dict)
+        and isinstance(ex.get("response"), dict)
+    ]
+    if not done:
+        raise ValueError("the session has no successful chat, messages or responses exchange to export")
+    final = ([ex for ex in done if ex["request"].get("tools")] or done)[-1]
+    request, response = final["request"], final["response"]
+    if final["endpoint"] == "chat":
+        choices = response.get("choices") or [{}]
+        reply = {k: v for k, v in (choices[0].get("message") or {}).items() if v is not None}
+        messages = [*request.get("messages", []), {"role": "assistant", **reply}]
+        tools = list(request.get("tools") or [])
+    elif final["endpoint"] == "messages":
+        history = [*request.get("messages", []), {"role": "assistant", "content": response.get("content")}]
+        messages = _from_anthropic(request.get("system"), history)
+        tools = [
+            _function(t.get("name"), t.get("description"), t.get("input_schema"))
+            for t in _tools(request, "input_schema")
+        ]
+    else:
+        items = [*_responses_history(done, final), *(response.get("output") or [])]
+        messages = _from_responses(request.get("instructions"), items)
+        tools = [
+            _function(t.get("name"), t.get("description"), t.get("parameters"))
+            for t in _tools(request, "parameters")
+        ]
+    return {"messages": messages, "tools": tools} if tools else {"messages": messages}
+
+
+def _tools(request: dict[str, Any], schema_key: str) -> list[dict[str, Any]]:
+    """Function tools only: server-side tools (web search, code execution) have no schema to train on."""
+    return [
+        t for t in request.get("tools") or [] if isinstance(t, dict) and t.get("name") and schema_key in t
+    ]
+
+
+def _function(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
+    function = {"name": name, "description": description, "parameters": parameters}
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+
+
+def _call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _text(content: Any, joiner: str = "\n") -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return joiner.join(
+            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    return ""
+
+
+def _from_anthropic(system: Any, messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Anthropic messages as OpenAI chat messages: text blocks joined, `tool_use` as `tool_calls`,
+    `tool_result` as `role: tool` messages placed first, `thinking` as `reasoning_content`."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": _text(system)}] if system else []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role, content = message.get("role"), message.get("content")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        texts, calls, thinking = [], [], []
+        for block in content if isinstance(content, list) else []:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(block.get("text") or "")
+            elif kind == "tool_use":
+                calls.append(_call(block.get("id"), block.get("name"), block.get("input")))
+            elif kind == "tool_result":
+                result = {
+                    "role": "tool",
+                    "tool_call_id": block.get("tool_use_id"),
+                    "content": _text(block.get("content")),
+                }
+                out.append(result)
+            elif kind == "thinking":
+                thinking.append(block.get("thinking") or "")
+        if texts or calls or thinking:
+            converted: dict[str, Any] = {"role": role, "content": "".join(texts) if texts else None}
+            if calls:
+                converted["tool_calls"] = calls
+            if thinking:
+                converted["reasoning_content"] = "".join(thinking)
+            out.append(converted)
+    return out
+
+
+def _responses_history(done: Sequence[dict[str, Any]], final: dict[str, Any]) -> list[Any]:
+    """The input items of `final`, preceded by its chain of `previous_response_id` turns."""
+    by_id = {ex["response"].get("id"): ex for ex in done}
+    chain: list[Any] = _items(final["request"].get("input"))
+    seen = {id(final)}
+    previous = by_id.get(final["request"].get("previous_response_id"))
+    while previous is not None and id(previous) not in seen:
+        seen.add(id(previous))
+        chain = [
+            *_items(previous["request"].get("input")),
+            *(previous["response"].get("output") or []),
+            *chain,
+        ]
+        previous = by_id.get(previous["request"].get("previous_response_id"))
+    return chain
+
+
+def _items(value: Any) -> list[Any]:
+    return [{"role": "user", "content": value}] if isinstance(value, str) else list(value or [])
+
+
+def _from_responses(instructions: Any, items: Sequence[Any]) -> list[dict[str, Any]]:
+    """Responses input and output items as OpenAI chat messages: message items by role, function
+    calls gathered onto the assistant message they follow, their outputs as `role: tool`."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = _call(item.get("call_id"), item.get("name"), item.get("arguments"))
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(item.get("output"))}
+            )
+        elif kind == "message" and item.get("role"):
+            out.append({"role": item["role"], "content": _text(item.get("content"), "")})
+    return out
+
+
+# -- streams ------------------------------------------------------------------------------------
+
+
+def stream_events(ex: dict[str, Any], raw: bytes | None, *, include_usage: bool | None = None) -> list[bytes]:
+    """The recorded response of `ex` as SSE events, each ending in its blank line: `raw` split at event
+    boundaries when it was kept, else re-synthesised from the assembled body. `include_usage`
+    (default: what the recorded request asked for) says whether an OpenAI stream ends with a usage
+    chunk. A stream that was cut short is re-synthesised without its final event, as it happened."""
+    if raw is not None:
+        return split_events(raw)
+    request = ex.get("request") if isinstance(ex.get("request"), dict) else {}
+    if include_usage is None:
+        include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+    complete = ex.get("stream_complete") is not False
+    return sse_events(
+        ex["endpoint"] or "", ex.get("response") or {}, include_usage=include_usage, complete=complete
+    )
+
+
+def split_events(raw: bytes) -> list[bytes]:
+    """SSE bytes split after each blank line, so each piece is one event (WHATWG line ends)."""
+    events, start, i = [], 0, 0
+    while i < len(raw):
+        for end in (b"\r\n\r\n", b"\n\n", b"\r\r"):
+            if raw.startswith(end, i):
+                i += len(end)
+                events.append(raw[start:i])
+                start = i
+                break
+        else:
+            i += 1
+    if start < len(raw):
+        events.append(raw[start:])
+    return events
+
+
+def sse_events(
+    endpoint: str, body: dict[str, Any], *, include_usage: bool, complete: bool = True
+) -> list[bytes]:
+    """A final body of `endpoint` ("chat", "completions", "responses", "messages") as the SSE events
+    that stream it, in the shapes the clients accept (agent-clients.md)."""
+    synthesise = _SYNTHESISERS.get(endpoint)
+    if synthesise is None:
+        raise ValueError(f"no stream format for {endpoint!r}; expected one of {sorted(_SYNTHESISERS)}")
+    events = synthesise(body, include_usage)
+    return events if complete else events[:-1]
+
+
+def _data(value: Any) -> bytes:
+    return b"data: " + json.dumps(value, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _event(kind: str, value: dict[str, Any]) -> bytes:
+    return f"event: {kind}\n".encode() + _data({"type": kind, **value})
+
+
+def _chat_stream(body: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """Role, reasoning, content, one chunk per tool call, the finish chunk (with the choice's
+    logprobs), an optional usage chunk with `choices: []`, then `[DONE]`."""
+    stamp = {k: body.get(k) for k in ("id", "created", "model", "system_fingerprint") if k in body}
+    stamp["object"] = "chat.completion.chunk"
+    events = []
+    for choice in body.get("choices") or []:
+        index, message = choice.get("index", 0), choice.get("message") or {}
+        opening = {"role": message.get("role") or "assistant"}
+        if message.get("content") is not None:
+            opening["content"] = ""
+        deltas = [opening]
+        deltas += [{key: message[key]} for key in _CHAT_TEXT if message.get(key)]
+        deltas += [
+            {"tool_calls": [{"index": n, **call}]} for n, call in enumerate(message.get("tool_calls") or [])
+        ]
+        events += [_chat_chunk(stamp, index, delta) for delta in deltas]
+        events.append(_chat_chunk(stamp, index, {}, choice.get("finish_reason"), choice.get("logprobs")))
+    if include_usage and body.get("usage") is not None:
+        events.append(_data({**stamp, "choices": [], "usage": body["usage"]}))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+# Message fields that stream as text deltas: vLLM and SGLang send parsed reasoning as
+# `reasoning_content` (newer vLLM as `reasoning`), as proxy/sse.py reads them back.
+_CHAT_TEXT = ("reasoning_content", "reasoning", "content", "refusal")
+
+
+def _chat_chunk(
+    stamp: dict[str, Any], index: int, delta: dict[str, Any], finish: Any = None, logprobs: Any = None
+) -> bytes:
+    piece = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+    return _data({**stamp, "choices": [piece]})
+
+
+def _completions_stream(body: dict[str, Any], include_usage: bool) -> list[bytes]:
+    stamp = {k: body.get(k) for k in ("id", "created", "model") if k in body}
+    stamp["object"] = "text_completion"
+    events = [_data({**stamp, "choices": [choice]}) for choice in body.get("choices") or []]
+    if include_usage and body.get("usage") is not None:
+        events.append(_data({**stamp, "choices": [], "usage": body["usage"]}))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def _responses_stream(body: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """created, in_progress, each output item (text parts and function arguments as one delta each),
+    then the final event its status calls for, carrying the whole response."""
+    events: list[dict[str, Any]] = []
+    opening = {**body, "status": "in_progress", "output": []}
+    events += [
+        {"type": "response.created", "response": opening},
+        {"type": "response.in_progress", "response": opening},
+    ]
+    for index, item in enumerate(body.get("output") or []):
+        at = {"output_index": index, "item_id": item.get("id")}
+        kind = item.get("type")
+        shell = (
+            {**item, "content": []}
+            if kind == "message"
+            else {**item, "arguments": ""}
+            if kind == "function_call"
+            else item
+        )
+        events.append({"type": "response.output_item.added", "output_index": index, "item": shell})
+        for part_index, part in enumerate(item.get("content") or [] if kind == "message" else []):
+            where = {**at, "content_index": part_index}
+            events.append({"type": "response.content_part.added", **where, "part": {**part, "text": ""}})
+            if part.get("type") == "output_text":
+                events.append({"type": "response.output_text.delta", **where, "delta": part.get("text", "")})
+                events.append({"type": "response.output_text.done", **where, "text": part.get("text", "")})
+            events.append({"type": "response.content_part.done", **where, "part": part})
+        if kind == "function_call":
+            arguments = item.get("arguments", "")
+            events.append({"type": "response.function_call_arguments.delta", **at, "delta": arguments})
+            events.append({"type": "response.function_call_arguments.done", **at, "arguments": arguments})
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    final = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(body.get("status") or "")
+    events.append({"type": final or "response.completed", "response": body})
+    return [_event(e.pop("type"), {**e, "sequence_number": n}) for n, e in enumerate(events)]
+
+
+def _messages_stream(body: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """message_start, each content block as start / one delta / stop, message_delta with the stop
+    reason and output tokens, message_stop (Anthropic's event names, each with its `event:` line)."""
+    usage = dict(body.get("usage") or {})
+    opening = {
+        **body,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 0},
+    }
+    events = [_event("message_start", {"message": opening})]
+    for index, block in enumerate(body.get("content") or []):
+        kind = block.get("type")
+        delta: list[dict[str, Any]] = []
+        if kind == "text":
+            start, delta = {**block, "text": ""}, [{"type": "text_delta", "text": block.get("text", "")}]
+        elif kind in ("tool_use", "server_tool_use"):
+            partial = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            start, delta = {**block, "input": {}}, [{"type": "input_json_delta", "partial_json": partial}]
+        elif kind == "thinking":
+            start = {**block, "thinking": "", "signature": ""}
+            delta = [{"type": "thinking_delta", "thinking": block.get("thinking", "")}]
+            if block.get("signature"):
+                delta.append({"type": "signature_delta", "signature": block["signature"]})
+        else:
+            start = block
+        events.append(_event("content_block_start", {"index": index, "content_block": start}))
+        events += [_event("content_block_delta", {"index": index, "delta": d}) for d in delta]
+        events.append(_event("content_block_stop", {"index": index}))
+    stop = {"stop_reason": body.get("stop_reason"), "stop_sequence": body.get("stop_sequence")}
+    events.append(
+        _event("message_delta", {"delta": stop, "usage": {"output_tokens": usage.get("output_tokens", 0)}})
+    )
+    return [*events, _event("message_stop", {})]
+
+
+_SYNTHESISERS: dict[str, Callable[[dict[str, Any], bool], list[bytes]]] = {
+    "chat": _chat_stream,
+    "completions": _completions_stream,
+    "responses": _responses_stream,
+    "messages": _messages_stream,
+}
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _span(start: float | None, end: float | None) -> float:
+    return round(max(end - start, 0.0) * 1000, 3) if start and end else 0.0
+
+
+def _phrase(status: int | None) -> str:
+    try:
+        return HTTPStatus(status or 0).phrase
+    except ValueError:
+        return ""

@@ -1,0 +1,287 @@
+// modeltap's records viewer. Plain JavaScript, no build step, nothing from a CDN.
+// It polls the API (ui/app.py) so it follows a database that `modeltap serve` is writing. Recorded
+// text (prompts, replies, tool output) is only ever set with textContent, never parsed as HTML.
+"use strict";
+
+// Often enough to feel live; each poll is one small query on the server.
+const POLL_MS = 1500;
+
+const state = {
+  sessions: [],
+  selected: null,      // session id
+  sessionKey: null,    // what the selected session looked like when its turns were fetched
+  turns: [],
+  open: new Set(),     // turn numbers whose detail is shown
+};
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "style") node.style.cssText = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) if (child != null) node.append(child);
+  return node;
+}
+
+async function getJSON(url) {
+  const response = await fetch(url, { cache: "no-store" });
+  if (!response.ok) throw new Error(`${url}: ${response.status} ${await response.text()}`);
+  return response.json();
+}
+
+function fmtTime(ts) {
+  return ts ? new Date(ts * 1000).toLocaleTimeString() : "-";
+}
+
+function fmtMs(ms) {
+  return ms == null ? "-" : ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms} ms`;
+}
+
+function num(value) {
+  return value == null ? "-" : String(value);
+}
+
+function callText(call) {
+  return `${call.name}(${call.arguments ?? ""})`;
+}
+
+// -- sessions -----------------------------------------------------------------------------------
+
+function renderSessions(doc) {
+  document.getElementById("store").textContent = doc.store + (doc.waiting ? " (waiting for records…)" : "");
+  const nav = document.getElementById("sessions");
+  nav.replaceChildren();
+  if (!doc.sessions.length) {
+    nav.append(el("p", { class: "muted", text: "No sessions recorded yet." }));
+    return;
+  }
+  const newest = [...doc.sessions].sort((a, b) => (b.last ?? b.created) - (a.last ?? a.created));
+  for (const s of newest) {
+    const labels = Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).join(" ");
+    const tokens = `${num(s.prompt_tokens)} → ${num(s.completion_tokens)} tokens`;
+    const item = el(
+      "button",
+      {
+        class: "session-item" + (s.id === state.selected ? " selected" : ""),
+        "data-session-id": s.id,
+        onclick: () => selectSession(s.id),
+      },
+      el("div", { class: "id", text: s.id }),
+      el("div", { class: "meta", text: `${fmtTime(s.first ?? s.created)} · ${s.exchanges} turn(s) · ${tokens}` }),
+      labels ? el("div", { class: "meta", text: labels }) : null,
+      s.errors ? el("span", { class: "badge error", text: `${s.errors} error(s)` }) : null,
+    );
+    nav.append(item);
+  }
+}
+
+function sessionKey(id) {
+  const s = state.sessions.find((x) => x.id === id);
+  return s ? `${s.exchanges}/${s.last}/${s.errors}` : null;
+}
+
+async function selectSession(id) {
+  if (state.selected !== id) state.open.clear();
+  state.selected = id;
+  location.hash = `session=${encodeURIComponent(id)}`;
+  for (const item of document.querySelectorAll(".session-item")) {
+    item.classList.toggle("selected", item.dataset.sessionId === id);
+  }
+  await loadTurns();
+}
+
+async function loadTurns() {
+  const id = state.selected;
+  const key = sessionKey(id);
+  const doc = await getJSON(`/api/sessions/${encodeURIComponent(id)}/turns`);
+  if (id !== state.selected) return;
+  state.turns = doc.turns;
+  state.sessionKey = key;
+  renderSession();
+}
+
+// -- one session --------------------------------------------------------------------------------
+
+function renderSession() {
+  const main = document.getElementById("session");
+  const id = state.selected;
+  const turns = state.turns;
+  const maxTokens = Math.max(1, ...turns.map((t) => (t.prompt_tokens ?? 0) + (t.completion_tokens ?? 0)));
+  const maxLatency = Math.max(1, ...turns.map((t) => t.latency_ms ?? 0));
+  const errors = turns.filter((t) => t.error).length;
+  const base = `/api/sessions/${encodeURIComponent(id)}/export`;
+  main.replaceChildren(
+    el("h2", { text: id }),
+    el(
+      "div",
+      { class: "summary muted" },
+      `${turns.length} turn(s) · ${errors} error(s) · export: `,
+      el("a", { href: `${base}/har`, text: "HAR" }),
+      el("a", { href: `${base}/jsonl`, text: "JSONL" }),
+      el("a", { href: `${base}/messages`, text: "messages" }),
+    ),
+    legend(),
+    el("div", { id: "timeline" }, ...turns.map((t) => renderTurn(t, maxTokens, maxLatency))),
+  );
+}
+
+function legend() {
+  const swatch = (cls, label) => [el("i", { class: cls, style: `background: var(--${cls})` }), label];
+  return el(
+    "div",
+    { class: "legend" },
+    "tokens:", ...swatch("prompt", "prompt"), ...swatch("completion", "completion"),
+    " · latency:", ...swatch("ttfb", "to first byte"), ...swatch("rest", "rest"),
+  );
+}
+
+function bar(parts, title) {
+  return el("div", { class: "bar", title }, ...parts.map(([cls, pct]) => el("span", { class: cls, style: `width: ${pct}%` })));
+}
+
+function renderTurn(t, maxTokens, maxLatency) {
+  const prompt = t.prompt_tokens ?? 0;
+  const completion = t.completion_tokens ?? 0;
+  const latency = t.latency_ms ?? 0;
+  const ttfb = Math.min(t.ttfb_ms ?? 0, latency);
+  const tokens = bar(
+    [["prompt", (100 * prompt) / maxTokens], ["completion", (100 * completion) / maxTokens]],
+    `${num(t.prompt_tokens)} prompt + ${num(t.completion_tokens)} completion tokens`,
+  );
+  const timing = bar(
+    [["ttfb", (100 * ttfb) / maxLatency], ["rest", (100 * (latency - ttfb)) / maxLatency]],
+    `${fmtMs(t.latency_ms)} (first byte ${fmtMs(t.ttfb_ms)})`,
+  );
+  const note = el("div", { class: "turn-note" });
+  if (t.error) note.append(el("span", { class: "err", text: `${t.error.class}: ${t.error.message ?? ""}` }));
+  else if (t.tool_calls.length) for (const c of t.tool_calls) note.append(el("span", { class: "call", text: `→ ${callText(c)} ` }));
+  else if (t.reply) note.append(el("span", { text: t.reply }));
+  const row = el(
+    "div",
+    { class: "turn-row", onclick: () => toggle(t.turn) },
+    el("span", { class: "n", text: `#${t.turn}` }),
+    el("span", { text: (t.endpoint ?? t.path) + (t.streamed ? " (stream)" : "") }),
+    el("span", { class: "badge" + (t.status >= 400 || !t.status ? " error" : ""), text: num(t.status) }),
+    el("div", {}, tokens, el("div", { class: "bar-label", text: `${num(t.prompt_tokens)} → ${num(t.completion_tokens)}` })),
+    el("div", {}, timing, el("div", { class: "bar-label", text: fmtMs(t.latency_ms) })),
+    el("span", { class: "muted", text: t.finish_reason ?? "-" }),
+    note,
+  );
+  const node = el("div", { class: "turn" + (t.error ? " failed" : ""), "data-turn": String(t.turn) }, row);
+  if (state.open.has(t.turn)) node.append(renderDetail(t));
+  return node;
+}
+
+function toggle(number) {
+  if (state.open.has(number)) state.open.delete(number);
+  else state.open.add(number);
+  renderSession();
+}
+
+function messageText(m) {
+  if (typeof m !== "object" || m === null) return JSON.stringify(m);
+  const pieces = [];
+  const content = m.content ?? m.output;
+  if (typeof content === "string") pieces.push(content);
+  else if (Array.isArray(content)) {
+    for (const block of content) {
+      if (typeof block?.text === "string") pieces.push(block.text);
+      else if (block?.type === "tool_use") pieces.push(`→ ${block.name}(${JSON.stringify(block.input)})`);
+      else if (block?.type === "tool_result") pieces.push(`⇐ ${block.tool_use_id}: ${typeof block.content === "string" ? block.content : JSON.stringify(block.content)}`);
+      else pieces.push(`[${block?.type}]`);
+    }
+  }
+  for (const call of m.tool_calls ?? []) pieces.push(`→ ${call.function?.name}(${call.function?.arguments ?? ""})`);
+  if (m.type === "function_call") pieces.push(`→ ${m.name}(${m.arguments ?? ""})`);
+  if (m.tool_call_id) pieces.unshift(`⇐ ${m.tool_call_id}:`);
+  return pieces.join("\n");
+}
+
+function section(title, ...children) {
+  return children.length ? [el("h3", { text: title }), ...children] : [];
+}
+
+function renderDetail(t) {
+  const messages = t.new_messages.map((m) =>
+    el("div", { class: "message" }, el("span", { class: "role", text: m.role ?? m.type ?? "?" }), el("pre", { text: messageText(m) })),
+  );
+  const calls = t.tool_calls.map((c) =>
+    el("div", { class: "tool-call" }, el("div", { class: "name", text: `${c.name}  ${c.id ?? ""}` }), el("pre", { text: pretty(c.arguments) })),
+  );
+  const results = t.tool_results.map((r) =>
+    el("div", { class: "tool-result" }, el("div", { class: "muted", text: `${r.id}${r.is_error ? " (error)" : ""}` }), el("pre", { text: r.content })),
+  );
+  const facts = [
+    `${t.method} ${t.path} → ${num(t.status)}`,
+    `model ${t.model ?? "-"} · finish ${t.finish_reason ?? "-"} · tokens ${num(t.prompt_tokens)} → ${num(t.completion_tokens)}` +
+      (t.counted_prompt_tokens != null ? ` (counted ${t.counted_prompt_tokens})` : ""),
+    `started ${fmtTime(t.started)} · first byte ${fmtMs(t.ttfb_ms)} · total ${fmtMs(t.latency_ms)}` +
+      (t.retry_count ? ` · SDK retry ${t.retry_count}` : ""),
+    t.continues != null && t.continues !== t.turn - 1 ? `continues #${t.continues}` : null,
+    t.user_agent ? `client ${t.user_agent}` : null,
+  ].filter(Boolean);
+  const full = el("div", {});
+  const detail = el(
+    "div",
+    { class: "detail" },
+    el("pre", { class: "muted", text: facts.join("\n") }),
+    ...section(`New messages (${messages.length})`, ...messages),
+    ...section("Tool calls", ...calls),
+    ...section("Tool results", ...results),
+    ...section("Reply", ...(t.reply ? [el("pre", { text: t.reply })] : [])),
+    ...section("Budget", ...(t.budget ? [el("pre", { text: pretty(t.budget) })] : [])),
+    ...section("Error", ...(t.error ? [el("pre", { class: "error-box", text: `${t.error.class}: ${t.error.message ?? ""}` })] : [])),
+    ...(t.tool_call_parse_failure ? [el("p", { class: "error-box", text: "finish reason says tool call, but no tool call was parsed" })] : []),
+    el("button", { class: "full", onclick: (e) => { e.stopPropagation(); showFull(t.turn, full); } }, "Full request and response"),
+    full,
+  );
+  return detail;
+}
+
+function pretty(value) {
+  if (typeof value === "string") {
+    try { return JSON.stringify(JSON.parse(value), null, 2); } catch { return value; }
+  }
+  return JSON.stringify(value, null, 2);
+}
+
+async function showFull(number, target) {
+  const turn = await getJSON(`/api/sessions/${encodeURIComponent(state.selected)}/turns/${number}`);
+  target.replaceChildren(
+    ...section("Request", el("pre", { text: pretty(turn.request) })),
+    ...section("Sent upstream (clamped)", ...(turn.sent ? [el("pre", { text: pretty(turn.sent) })] : [])),
+    ...section("Response", el("pre", { text: pretty(turn.response) })),
+  );
+}
+
+// -- polling ------------------------------------------------------------------------------------
+
+async function poll() {
+  const live = document.getElementById("live");
+  try {
+    const doc = await getJSON("/api/sessions");
+    const changed = JSON.stringify(doc.sessions) !== JSON.stringify(state.sessions);
+    state.sessions = doc.sessions;
+    if (changed || !document.querySelector(".session-item")) renderSessions(doc);
+    if (state.selected && sessionKey(state.selected) !== state.sessionKey) await loadTurns();
+    live.classList.remove("stale");
+    live.textContent = "live";
+  } catch (error) {
+    live.classList.add("stale");
+    live.textContent = "disconnected";
+    console.error(error);
+  }
+}
+
+async function start() {
+  await poll();
+  const wanted = new URLSearchParams(location.hash.slice(1)).get("session");
+  if (wanted) await selectSession(wanted);
+  setInterval(poll, POLL_MS);
+}
+
+start();
