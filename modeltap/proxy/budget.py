@@ -1,0 +1,282 @@
+"""Token budgets: the limits in force, the pass / clamp / reject decision, and its error messages.
+
+Owns: the rule of DESIGN §4, which M field each endpoint uses and how a clamp rewrites it, the
+canonical context-length errors, what `count_tokens` answers, and discovering the context length
+from the upstream at start. Does not own: counting (tokens.py), answering the error in the client's
+shape (errors.py builds the body, relay.py sends it), or when a budget applies (relay.py).
+
+A request is safe on every known backend when P + M <= C - 1 - R and, with AReaL's
+engine_max_tokens E, P + M <= E and P <= E - 1 (shared/reference/token-budgets.md §0, §7): the -1
+covers SGLang before PR #22546, which refuses P + M == C, and AReaL refuses P == E. Every request is
+taken to need at least one completion token, which makes P <= E - 1 part of the same inequality.
+
+    limits = Limits(context_length=32768, sources={"context_length": "--context-length"})
+    decision = decide(Endpoint.CHAT, body, prompt_tokens=31000, limits=limits, policy="clamp",
+                      min_completion_tokens=1)
+    decision.action, decision.body  # "clamp", the body with max_completion_tokens lowered to 1767
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import aiohttp
+
+from modeltap.proxy.errors import BadRequest, OverBudget
+from modeltap.proxy.routes import Dialect, Endpoint
+from modeltap.proxy.tokens import CountError, TokenCounter
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("clamp", "reject", "off")
+
+# Discovery runs once at start; an upstream that has not answered in this long is treated as not
+# knowing its context length, and the operator is told to pass --context-length.
+DISCOVERY_TIMEOUT_S = 10.0
+
+# Where a server states its context length, in the order tried: vLLM and SGLang's model cards
+# (token-budgets.md §1.5, §2.4), then SGLang's server info (`context_length` is null there when it
+# came from config.json, so the model card is tried first) and its model info.
+_DISCOVERY_PATHS = ("/v1/models", "/server_info", "/get_server_info", "/get_model_info")
+_CONTEXT_KEYS = ("max_model_len", "context_length", "context_len", "max_context_length")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The limits in force: context length C, AReaL's engine_max_tokens E (prompt + completion),
+    and a reserve R kept free (e.g. SGLang's EAGLE draft tokens, token-budgets.md §1.1).
+
+    `sources` says where each value came from ("--context-length", "GET /v1/models max_model_len",
+    "default"), for the line `serve` prints at start.
+    """
+
+    context_length: int
+    engine_max_tokens: int | None = None
+    reserve: int = 0
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_total_tokens < 2:
+            raise ValueError(
+                f"limits leave no room for a prompt and a completion: context_length {self.context_length}, "
+                f"engine_max_tokens {self.engine_max_tokens}, reserve {self.reserve}"
+            )
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The most prompt + completion tokens a request may ask for: C - 1 - R, and at most E."""
+        total = self.context_length - 1 - self.reserve
+        return total if self.engine_max_tokens is None else min(total, self.engine_max_tokens)
+
+    def describe(self) -> str:
+        """One line for the start-up log: each limit with where it came from, then the rule."""
+        values = {"context_length": self.context_length, "engine_max_tokens": self.engine_max_tokens}
+        values["reserve"] = self.reserve
+        parts = [
+            f"{name.replace('_', ' ')} {value} ({self.sources.get(name, 'default')})"
+            for name, value in values.items()
+            if value is not None
+        ]
+        return f"{', '.join(parts)}: prompt + completion at most {self.max_total_tokens} tokens"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What the budget decided for one request.
+
+    `action` is "pass" (forward unchanged), "clamp" (forward `body`, where only the `field` the client
+    used, or the one added, changed to `allowed`) or "reject" (answer `error`, a 400). `requested` is
+    the client's M (None when absent); `allowed` the most completion tokens that fit (None when the
+    prompt was not counted); `limit` the most prompt + completion tokens allowed.
+    """
+
+    action: str
+    prompt_tokens: int | None
+    requested: int | None
+    allowed: int | None
+    field: str | None
+    limit: int | None = None
+    body: dict[str, Any] | None = None
+    error: OverBudget | None = None
+    note: str | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        """What the record store keeps about the decision (no bodies)."""
+        return {
+            "action": self.action,
+            "prompt_tokens": self.prompt_tokens,
+            "requested": self.requested,
+            "allowed": self.allowed,
+            "field": self.field,
+            "limit": self.limit,
+            "error": self.error.message if self.error else None,
+            "note": self.note,
+        }
+
+
+def completion_field(endpoint: Endpoint, body: dict[str, Any]) -> str:
+    """The field carrying M for this endpoint: the one the client used, else the one to add.
+
+    Chat takes either; `max_completion_tokens` wins when both are sent, as on OpenAI, vLLM, SGLang and
+    AReaL (token-budgets.md §4.1). When neither is sent, `max_completion_tokens` is the one to add:
+    old AReaL read `max_tokens` as the prompt + completion total, newer AReaL refuses both fields
+    together with a 500, and every backend accepts `max_completion_tokens` (token-budgets.md §3, §7).
+    """
+    if endpoint is Endpoint.CHAT:
+        if body.get("max_completion_tokens") is None and body.get("max_tokens") is not None:
+            return "max_tokens"
+        return "max_completion_tokens"
+    if endpoint in (Endpoint.COMPLETIONS, Endpoint.MESSAGES):
+        return "max_tokens"
+    if endpoint is Endpoint.RESPONSES:
+        return "max_output_tokens"
+    raise ValueError(f"{endpoint.value} requests have no completion budget")
+
+
+def decide(
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    prompt_tokens: int,
+    limits: Limits,
+    policy: str,
+    min_completion_tokens: int,
+) -> Decision:
+    """Pass, clamp or reject one request whose prompt counts `prompt_tokens`. Pure.
+
+    clamp: M lowered to what fits (or set, when absent); rejected when fewer than
+    `min_completion_tokens` would remain and the client's own M does not fit either.
+    reject: rejected unless M (or, when absent, one token) fits. off: always passes.
+    """
+    _check_policy(policy, min_completion_tokens)
+    field = completion_field(endpoint, body)
+    requested = body.get(field)
+    limit = limits.max_total_tokens
+    room = limit - prompt_tokens
+    common = {"prompt_tokens": prompt_tokens, "field": field, "limit": limit, "allowed": max(room, 0)}
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
+        # Not a token count: the upstream refuses it in its own words.
+        return Decision("pass", requested=None, note=f"{field} is not an integer", **common)
+    if policy == "off":
+        return Decision("pass", requested=requested, **common)
+    asked = 1 if requested is None else max(requested, 1)
+    # The fewest completion tokens with which this request still goes through.
+    if policy == "reject":
+        needed = asked
+    else:
+        needed = min_completion_tokens if requested is None else min(asked, min_completion_tokens)
+    if room < needed:
+        shown = requested if requested is not None else needed
+        error = _over_budget(endpoint.dialect, prompt_tokens, shown, limit - needed, limit)
+        return Decision("reject", requested=requested, error=error, **common)
+    if (requested is not None and asked <= room) or policy == "reject":
+        return Decision("pass", requested=requested, **common)
+    return Decision("clamp", requested=requested, body={**body, field: room}, **common)
+
+
+def _check_policy(policy: str, min_completion_tokens: int) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"budget policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    if min_completion_tokens < 1:
+        raise ValueError("min_completion_tokens must be at least 1")
+
+
+def _over_budget(dialect: Dialect, prompt: int, completion: int, max_prompt: int, limit: int) -> OverBudget:
+    """The canonical refusal agents know how to handle (token-budgets.md §4, §7; agent-clients.md:
+    opencode compacts on the OpenAI one, Claude Code stops with "Prompt is too long")."""
+    if dialect is Dialect.ANTHROPIC:
+        return OverBudget(f"prompt is too long: {prompt} tokens > {max_prompt} maximum")
+    return OverBudget(
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
+        "Please reduce the length of the messages or completion.",
+        param="messages",
+    )
+
+
+class Budget:
+    """Counts and decides, counting off the event loop.
+
+    >>> budget = Budget(TokenCounter.load("/models/qwen"), Limits(32768), policy="clamp")
+    >>> decision = await budget.apply(Endpoint.CHAT, body)
+    """
+
+    def __init__(
+        self, counter: TokenCounter, limits: Limits, policy: str = "clamp", min_completion_tokens: int = 1
+    ) -> None:
+        _check_policy(policy, min_completion_tokens)
+        self.counter = counter
+        self.limits = limits
+        self.policy = policy
+        self.min_completion_tokens = min_completion_tokens
+
+    async def apply(self, endpoint: Endpoint, body: dict[str, Any]) -> Decision:
+        """The decision for one request to a budgeted endpoint (chat, completions, responses,
+        messages). A body that cannot be rendered passes uncounted: the upstream will refuse it in
+        its own words, which serves the client better than a guess of ours."""
+        if not endpoint.budgeted:
+            raise ValueError(f"{endpoint.value} requests have no completion budget")
+        try:
+            prompt_tokens = await asyncio.to_thread(self.counter.count, endpoint, body)
+        except CountError as exc:
+            log.warning("budget not applied: %s", exc)
+            field = completion_field(endpoint, body)
+            requested = body.get(field)
+            requested = requested if isinstance(requested, int) and not isinstance(requested, bool) else None
+            limit = self.limits.max_total_tokens
+            return Decision("pass", None, requested, None, field, limit, note=str(exc))
+        return decide(endpoint, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens)
+
+    async def count_tokens_body(self, body: dict[str, Any]) -> dict[str, int]:
+        """The answer to POST /v1/messages/count_tokens: `{"input_tokens": N}`, N counted exactly as
+        /v1/messages would be. Raises BadRequest (400) for a body that cannot be rendered."""
+        try:
+            tokens = await asyncio.to_thread(self.counter.count, Endpoint.COUNT_TOKENS, body)
+        except CountError as exc:
+            raise BadRequest(str(exc)) from exc
+        return {"input_tokens": tokens}
+
+
+async def discover_limits(
+    session: aiohttp.ClientSession, base_url: str, headers: dict[str, str]
+) -> tuple[int | None, str]:
+    """The upstream's context length and where it came from, or (None, why not).
+
+    Tries GET /v1/models (`max_model_len`, vLLM and SGLang), then SGLang's /server_info,
+    /get_server_info and /get_model_info. AReaL serves none of them (areal-proxy-protocol.md §1.1),
+    so against AReaL the operator passes --context-length. Runs once at start, before any exchange.
+    """
+    root = base_url.rstrip("/").removesuffix("/v1")
+    timeout = aiohttp.ClientTimeout(total=DISCOVERY_TIMEOUT_S)
+    for path in _DISCOVERY_PATHS:
+        try:
+            async with session.get(root + path, headers=headers, timeout=timeout) as response:
+                if response.status != 200:
+                    continue
+                payload = await response.json(content_type=None)
+        # Discovery is best effort: an upstream that fails to answer one path may answer the next, and
+        # one that answers none leaves the operator a clear message instead of a failed start.
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            continue
+        found = context_length_in(payload)
+        if found is not None:
+            return found[0], f"GET {path} {found[1]}"
+    return None, f"{root} reports no context length at {', '.join(_DISCOVERY_PATHS)}"
+
+
+def context_length_in(payload: Any) -> tuple[int, str] | None:
+    """(context length, key) from a /v1/models, /server_info or /get_model_info body. With several
+    model cards the smallest window is the one every request must fit."""
+    if isinstance(payload, dict) and isinstance(payload.get("data"), list):
+        found = [context_length_in(card) for card in payload["data"]]
+        known = [f for f in found if f is not None]
+        return min(known) if known else None
+    if not isinstance(payload, dict):
+        return None
+    for key in _CONTEXT_KEYS:
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, key
+    return None

@@ -1,0 +1,834 @@
+"""Exact prompt counting: how many tokens the served model sees for a request body.
+
+Owns: turning a chat, completions, responses or Anthropic messages body into the prompt the backend
+renders (the same normalisation, the tokenizer's own chat template), and counting its tokens fast and
+exactly. Does not own: the limits or what to do when a prompt does not fit (budget.py), nor running
+the count off the event loop (budget.py calls `count` through `asyncio.to_thread`).
+
+How a count is made (shared/reference/token-budgets.md §5):
+1. the body is normalised the way the backend does it (`_chat_prompt`, `_responses_prompt`,
+   `_anthropic_prompt`) and rendered with `apply_chat_template(..., tokenize=False)`;
+2. the text is split at the tokenizer's added tokens (`<|im_start|>`, `<tool_call>`, ...), which every
+   Hugging Face tokenizer matches before anything else, so each piece between them encodes on its
+   own exactly as inside the whole text;
+3. each piece's count comes from an LRU cache, else from the fast encoder: a tiktoken Encoding built
+   from the byte-level BPE vocabulary when its ids equal the Hugging Face ones, else the HF tokenizer;
+4. the first requests and a sample after are re-counted by a full Hugging Face encode; any mismatch
+   switches the cache and the fast encoder off for good, with a warning.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import re
+import threading
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+import tiktoken
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from modeltap.proxy.routes import Endpoint
+
+log = logging.getLogger(__name__)
+
+# A full encode costs about 2 µs per token here (token-budgets.md §5.3): checking the first requests
+# catches a tokenizer the fast path cannot reproduce before it decides anything that matters, and one
+# request in 128 after keeps checking at well under 1% of the cost of counting without the cache.
+VERIFY_FIRST_REQUESTS = 16
+VERIFY_EVERY_REQUESTS = 128
+
+# The segment cache keeps each piece's text as its key. 32M characters is about 32 MB of ASCII:
+# 64 parallel agent sessions of 100k tokens (about 4 characters a token) fit, and it stays bounded.
+SEGMENT_CACHE_MAX_CHARS = 32_000_000
+
+# Template kwargs a request may not set: they would change how the prompt is tokenized, not what the
+# template renders.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "tokenize",
+        "return_dict",
+    }
+)
+
+# The regex of the `ByteLevel(use_regex=True)` pre-tokenizer of the `tokenizers` library (GPT-2's).
+_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# Text the tiktoken encoder must encode exactly as the HF tokenizer before it is trusted: code,
+# contractions, digits, whitespace runs, CRLF, CJK, emoji, combining marks, full-width forms.
+_PROBE_TEXT = (
+    "def f(x):\n    return x ** 2  # don't; I'LL we've\r\n\tif x>=10_000: print(f'{x!r}')\n\n\n"
+    "  héllo wörld e\u0301 ﬁ 日本語のテキスト、句読点。 한국어 العربية 🤖🚀👩‍💻 ｆｕｌｌ　width\u00a0nbsp "
+    '12345678901234567890 3.14159 -> => !== ... ```json\n{"a": [1, 2, {"b": null}]}\n```\n'
+)
+
+
+class CountError(ValueError):
+    """The body cannot be rendered into a prompt (malformed messages, or the template refused them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CounterStats:
+    """What the counter has done so far, for `serve`'s status line and the tests.
+
+    `encoder` is "tiktoken" or "huggingface" (the encoder behind the segment cache) and `fast_path`
+    says whether the segment cache is on; both turn off for good after a mismatch.
+    """
+
+    requests: int
+    cache_hits: int
+    cache_misses: int
+    verifications: int
+    mismatches: int
+    encoder: str
+    fast_path: bool
+    cached_chars: int
+
+
+class TokenCounter:
+    """Counts a request's prompt tokens exactly as the served model does.
+
+    >>> counter = TokenCounter.load("/models/qwen2.5", {"enable_thinking": False})
+    >>> counter.count(Endpoint.CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    9
+
+    Thread-safe: `count` may run in several worker threads at once.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        request_template_kwargs: bool = True,
+        verify_first: int = VERIFY_FIRST_REQUESTS,
+        verify_every: int = VERIFY_EVERY_REQUESTS,
+        cache_max_chars: int = SEGMENT_CACHE_MAX_CHARS,
+    ) -> None:
+        """Use `load` unless the tokenizer is already in memory.
+
+        `request_template_kwargs=False` ignores a request's own `chat_template_kwargs`: AReaL drops
+        that field (areal-proxy-protocol.md §1.1), so against AReaL only the configured kwargs
+        describe what the server renders. `verify_first` and `verify_every` (0: never) set which
+        counts are checked by a full encode; `cache_max_chars` bounds the segment cache.
+        """
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ValueError("modeltap needs a fast tokenizer (a folder with tokenizer.json)")
+        if not tokenizer.chat_template:
+            raise ValueError("the tokenizer has no chat template; give a tokenizer folder that ships one")
+        self._tokenizer = tokenizer
+        self._backend = backend
+        self._template_kwargs = dict(chat_template_kwargs or {})
+        self._request_template_kwargs = request_template_kwargs
+        self._string_content = _template_wants_string_content(tokenizer.chat_template)
+        spec = json.loads(backend.to_str())
+        added = sorted((t.content for t in tokenizer.added_tokens_decoder.values()), key=len, reverse=True)
+        # A capturing group makes `split` return the added tokens too: odd indexes are added tokens.
+        self._added_split = re.compile("(" + "|".join(map(re.escape, added)) + ")").split if added else None
+        self._post_tokens = backend.num_special_tokens_to_add(False)
+        self._fast_path = _segments_are_exact(spec, tokenizer)
+        fast_encoder = _tiktoken_encoder(spec, backend) if self._fast_path else None
+        self._encoder = "tiktoken" if fast_encoder is not None else "huggingface"
+        self._encode_piece = fast_encoder or self._hf_piece
+        self._verify_first, self._verify_every = verify_first, verify_every
+        self._cache: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._cache_max_chars = cache_max_chars
+        self._cached_chars = 0
+        self._lock = threading.Lock()
+        self._requests = self._hits = self._misses = self._verifications = self._mismatches = 0
+
+    @classmethod
+    def load(
+        cls,
+        path_or_name: str,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> TokenCounter:
+        """Load a local Hugging Face tokenizer folder, or a name already in the local HF cache.
+
+        Never downloads. Raises ValueError naming the fix when there is no usable tokenizer there.
+        `options` are the constructor's keyword arguments.
+        """
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path_or_name, local_files_only=True)
+        except OSError as exc:
+            raise ValueError(
+                f"no tokenizer at {path_or_name!r}: give a local folder with tokenizer.json and "
+                "tokenizer_config.json, or a name already in the local Hugging Face cache "
+                f"(modeltap never downloads one): {exc}"
+            ) from exc
+        return cls(tokenizer, chat_template_kwargs, **options)
+
+    @property
+    def stats(self) -> CounterStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return CounterStats(
+                requests=self._requests,
+                cache_hits=self._hits,
+                cache_misses=self._misses,
+                verifications=self._verifications,
+                mismatches=self._mismatches,
+                encoder=self._encoder,
+                fast_path=self._fast_path,
+                cached_chars=self._cached_chars,
+            )
+
+    def count(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+        """Prompt tokens of `body` sent to `endpoint`, as the served model counts them.
+
+        Blocking (milliseconds on a cache hit, a full encode on a verification): call it off the
+        event loop. Raises CountError when the body cannot be rendered.
+        """
+        if endpoint is Endpoint.COMPLETIONS:
+            return self._count_completion_prompt(body.get("prompt"))
+        try:
+            messages, tools, request_kwargs = self._prompt(endpoint, body)
+            kwargs = {**self._template_kwargs, **(request_kwargs if self._request_template_kwargs else {})}
+            kwargs = {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
+            text = self._tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+            )
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise CountError(f"cannot render the prompt of this {endpoint.value} request: {exc}") from exc
+        # The template writes BOS itself where the model has one, so the rendered text is encoded
+        # without special tokens (token-budgets.md §5.1 step 3, §5.2 "Double BOS").
+        return self._count_text(text, add_special_tokens=False)
+
+    def _prompt(
+        self, endpoint: Endpoint, body: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]], list[Any] | None, dict[str, Any]]:
+        """(messages, tools, the request's template kwargs) for one body."""
+        if endpoint is Endpoint.CHAT:
+            messages, tools = body["messages"], body.get("tools")
+        elif endpoint is Endpoint.RESPONSES:
+            messages, tools = _responses_messages(body), body.get("tools")
+        elif endpoint in (Endpoint.MESSAGES, Endpoint.COUNT_TOKENS):
+            messages, tools = _anthropic_prompt(body)
+        else:
+            raise ValueError(f"{endpoint.value} has no prompt to count")
+        kwargs = body.get("chat_template_kwargs")
+        normalised = [_normalise_message(m, self._string_content) for m in messages]
+        return normalised, (list(tools) if tools else None), (kwargs if isinstance(kwargs, dict) else {})
+
+    def _count_completion_prompt(self, prompt: Any) -> int:
+        """Legacy completions: the prompt is text or token ids, or a batch of either; a batch is
+        budgeted by its longest prompt."""
+        if isinstance(prompt, str):
+            # Servers encode a completions prompt with the tokenizer's special tokens (BOS).
+            return self._count_text(prompt, add_special_tokens=True)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        if isinstance(prompt, list) and prompt:
+            return max(self._count_completion_prompt(p) for p in prompt)
+        raise CountError("a completions request needs a prompt: text, token ids, or a list of either")
+
+    def _count_text(self, text: str, add_special_tokens: bool) -> int:
+        with self._lock:
+            self._requests += 1
+            verify = self._requests <= self._verify_first or (
+                self._verify_every > 0 and self._requests % self._verify_every == 0
+            )
+            fast = self._fast_path and self._added_split is not None
+        if not fast:
+            return self._full_count(text, add_special_tokens)
+        pieces = self._added_split(text)  # type: ignore[misc]
+        count = len(pieces) // 2 + (self._post_tokens if add_special_tokens else 0)
+        count += sum(self._piece_count(piece) for piece in pieces[::2] if piece)
+        if verify:
+            return self._verified(text, add_special_tokens, count)
+        return count
+
+    def _piece_count(self, piece: str) -> int:
+        with self._lock:
+            cached = self._cache.get(piece)
+            if cached is not None:
+                self._cache.move_to_end(piece)
+                self._hits += 1
+                return cached
+            self._misses += 1
+        count = len(self._encode_piece(piece))
+        if len(piece) > self._cache_max_chars:
+            return count
+        with self._lock:
+            if piece not in self._cache:
+                self._cache[piece] = count
+                self._cached_chars += len(piece)
+            while self._cached_chars > self._cache_max_chars and self._cache:
+                evicted, _ = self._cache.popitem(last=False)
+                self._cached_chars -= len(evicted)
+        return count
+
+    def _verified(self, text: str, add_special_tokens: bool, count: int) -> int:
+        """The full encode's count; a different fast count turns the fast path off for good."""
+        truth = self._full_count(text, add_special_tokens)
+        with self._lock:
+            self._verifications += 1
+            if truth == count or not self._fast_path:
+                return truth
+            self._mismatches += 1
+            self._fast_path = False
+            self._cache.clear()
+            self._cached_chars = 0
+        log.warning(
+            "token count mismatch: the %s segment cache counted %d tokens where a full encode counts %d; "
+            "counting by full encode from now on",
+            self._encoder,
+            count,
+            truth,
+        )
+        return truth
+
+    def _full_count(self, text: str, add_special_tokens: bool) -> int:
+        return len(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def _hf_piece(self, piece: str) -> list[int]:
+        return self._backend.encode(piece, add_special_tokens=False).ids  # type: ignore[no-any-return]
+
+
+def _normalise_message(message: Any, string_content: bool) -> dict[str, Any]:
+    """One message as the backend hands it to the template (token-budgets.md §1.6, §5.2).
+
+    None fields are dropped and missing content becomes "" (SGLang), list content is joined with a
+    space for templates that expect a string (SGLang) or reduced to text and media placeholders,
+    and tool-call arguments given as a JSON object string become that object (SGLang, vLLM and
+    AReaL all parse them; text that is not a JSON object stays a string, as AReaL leaves it).
+    """
+    if not isinstance(message, dict):
+        raise TypeError(f"a message must be an object, not {type(message).__name__}")
+    out = {k: v for k, v in message.items() if v is not None}
+    content = out.get("content", "")
+    if isinstance(content, list):
+        content = _joined_text(content) if string_content else [_content_part(p) for p in content]
+    out["content"] = content
+    if isinstance(out.get("tool_calls"), list):
+        out["tool_calls"] = [_parsed_tool_call(call) for call in out["tool_calls"]]
+    return out
+
+
+def _joined_text(parts: list[Any]) -> str:
+    return " ".join(
+        p["text"] for p in parts if isinstance(p, dict) and p.get("type") in ("text", "input_text")
+    )
+
+
+def _content_part(part: Any) -> Any:
+    """A content part for a template that iterates over parts: media become bare placeholders, as
+    SGLang hands them over (their token count depends on the processor, so media are not counted)."""
+    if isinstance(part, dict) and part.get("type") in ("image_url", "input_image", "image"):
+        return {"type": "image"}
+    if isinstance(part, dict) and part.get("type") == "input_text":
+        return {"type": "text", "text": part.get("text", "")}
+    return part
+
+
+def _parsed_tool_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return call
+    if not isinstance(parsed, dict):
+        return call
+    return {**call, "function": {**function, "arguments": parsed}}  # type: ignore[dict-item]
+
+
+def _responses_messages(body: dict[str, Any]) -> list[Any]:
+    """Responses `instructions` and `input` as chat messages, the way AReaL's ArealOpenAI converts
+    them (areal/experimental/openai/client.py `_build_messages_list`): every text part of an input
+    item becomes its own message, a function_call_output a tool message, other items pass as they
+    are."""
+    messages: list[Any] = []
+    if body.get("instructions") is not None:
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    for item in items:
+        item = _without_none(item)
+        content = item.get("content") if isinstance(item, dict) else None
+        if isinstance(content, str):
+            messages.append({"role": item["role"], "content": content})
+        elif isinstance(content, list) and any(p.get("type") == "input_image" for p in content):
+            messages.append({"role": item["role"], "content": content})
+        elif isinstance(content, list):
+            messages.extend({"role": item["role"], "content": p["text"]} for p in content if "text" in p)
+        elif isinstance(item, dict) and item.get("type") == "function_call_output":
+            tool = {"role": "tool", "content": item["output"]}
+            messages.append({**tool, "tool_call_id": item["call_id"]} if "call_id" in item else tool)
+        else:
+            messages.append(item)
+    return messages
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+# --- Anthropic /v1/messages, converted the way AReaL's proxy converts it -------------------------
+# AReaL translates the body with LiteLLM's AnthropicAdapter, then joins list content with "\n",
+# keeping only text (areal-proxy-protocol.md §1.1; PRS `_flatten_content_lists`). The steps below
+# follow LiteLLM 1.104.9, the newest LiteLLM AReaL can import (areal-tier.md §0), in
+# litellm/llms/anthropic/experimental_pass_through/adapters/transformation.py.
+
+# LiteLLM's ANTHROPIC_HOSTED_TOOLS: tools whose type starts with one of these pass through unchanged.
+_HOSTED_TOOL_TYPES = (
+    "web_search",
+    "bash",
+    "text_editor",
+    "code_execution",
+    "web_fetch",
+    "memory",
+    "tool_search_tool",
+)
+# Tool keys LiteLLM maps itself; any other key is merged into the function's parameters.
+_MAPPED_TOOL_KEYS = frozenset(
+    {"name", "input_schema", "description", "cache_control", "strict", "type", "eager_input_streaming"}
+)
+_ANTHROPIC_TOOL_SCHEMA_KEYS = frozenset(
+    {"name", "type", "input_schema", "description", "cache_control", "strict"}
+)
+# OpenAI's limit on tool names; LiteLLM truncates longer names to 55 characters, "_" and 8 hex digits.
+_MAX_TOOL_NAME_CHARS = 64
+_TRUNCATED_TOOL_NAME_CHARS = 55
+# LiteLLM turns a system message after the first turn into a user message opened by this note
+# (litellm_core_utils/prompt_templates/mid_conversation_system.py), unless its model map says the
+# model takes system messages mid-conversation.
+_CONVERTED_SYSTEM_NOTE = (
+    "Operator note (not from the user): the following was originally a mid-conversation system-role reminder."
+)
+# The models LiteLLM 1.104.9's map flags `supports_mid_conversation_system`, without the provider or
+# region prefix ("us.anthropic."); Claude Code's default model is among them (agent-clients.md).
+_MID_CONVERSATION_SYSTEM_MODELS = frozenset(
+    {
+        "claude-fable-5",
+        "claude-fable-5-1",
+        "claude-haiku-5-5",
+        "claude-mythos-5",
+        "claude-mythos-5-1",
+        "claude-opus-4-8",
+        "claude-opus-5",
+        "claude-opus-5-5",
+        "claude-sonnet-5",
+        "claude-sonnet-5-5",
+    }
+)
+
+
+def _anthropic_prompt(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any] | None]:
+    """Anthropic messages, system and tools as the chat messages and tools AReaL renders."""
+    model = str(body.get("model") or "")
+    keeps_cache_control = _consumes_cache_control(model)
+    ordered = body["messages"]
+    if model.rsplit("anthropic.", 1)[-1] not in _MID_CONVERSATION_SYSTEM_MODELS:
+        ordered = _with_mid_conversation_systems_converted(ordered)
+    messages: list[dict[str, Any]] = []
+    for message in ordered:
+        messages.extend(_anthropic_message(message, keeps_cache_control))
+    system = _system_message(body.get("system"), keep_empty_blocks=True)
+    if system is not None:
+        messages.insert(0, system)
+    flattened = [{**m, "content": _flattened(m["content"])} if "content" in m else m for m in messages]
+    return flattened, _anthropic_tools(body.get("tools"), keeps_cache_control)
+
+
+def _consumes_cache_control(model: str) -> bool:
+    """LiteLLM keeps `cache_control` on what it converts only for these targets."""
+    model = model.lower()
+    return (
+        "anthropic" in model
+        or "claude" in model
+        or "gemini" in model
+        or ("arn:" in model and ":bedrock:" in model)
+    )
+
+
+def _flattened(content: Any) -> Any:
+    if not isinstance(content, list):
+        return content
+    texts = (b if isinstance(b, str) else b.get("text", "") for b in content if _is_text_block(b))
+    return "\n".join(texts)
+
+
+def _is_text_block(block: Any) -> bool:
+    return isinstance(block, str) or (isinstance(block, dict) and block.get("type") == "text")
+
+
+def _with_mid_conversation_systems_converted(messages: list[Any]) -> list[Any]:
+    """Leading system messages stay; later ones become noted user messages, each run of them moved
+    after the tool results that open the message following it."""
+    lead = next((i for i, m in enumerate(messages) if not _is_system(m)), len(messages))
+    out, rest = list(messages[:lead]), messages[lead:]
+    i = 0
+    while i < len(rest):
+        if not _is_system(rest[i]):
+            out.append(rest[i])
+            i += 1
+            continue
+        end = next((j for j in range(i, len(rest)) if not _is_system(rest[j])), len(rest))
+        systems = [
+            {"role": "user", "content": [_text(_CONVERTED_SYSTEM_NOTE), *_blocks(m.get("content"))]}
+            for m in rest[i:end]
+        ]
+        if end < len(rest) and _opens_with_tool_result(rest[end]):
+            out.append(rest[end])
+            end += 1
+        out.extend(systems)
+        i = end
+    return out
+
+
+def _is_system(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "system"
+
+
+def _opens_with_tool_result(message: Any) -> bool:
+    content = message.get("content") if isinstance(message, dict) and message.get("role") == "user" else None
+    return (
+        isinstance(content, list)
+        and bool(content)
+        and isinstance(content[0], dict)
+        and content[0].get("type") == "tool_result"
+    )
+
+
+def _blocks(content: Any) -> list[Any]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [_text(content)]
+    return list(content) if isinstance(content, list) else [content]
+
+
+def _text(text: Any) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _anthropic_message(message: dict[str, Any], keeps_cache_control: bool) -> list[dict[str, Any]]:
+    """One Anthropic message as zero or more chat messages."""
+    role, content = message["role"], message.get("content")
+    if role == "system":
+        return [m for m in [_system_message(content, keep_empty_blocks=False)] if m is not None]
+    if role == "user":
+        return _user_messages(content, keeps_cache_control)
+    if role == "assistant":
+        return [m for m in [_assistant_message(content, keeps_cache_control)] if m is not None]
+    return []
+
+
+def _system_message(content: Any, keep_empty_blocks: bool) -> dict[str, Any] | None:
+    """The top-level `system` keeps empty text blocks; a system message in `messages` drops them."""
+    if isinstance(content, str):
+        return {"role": "system", "content": content} if content else None
+    blocks = [b for b in content or [] if isinstance(b, dict) and b.get("type") == "text"]
+    texts = [_text(b.get("text", "")) for b in blocks if keep_empty_blocks or b.get("text")]
+    return {"role": "system", "content": texts} if texts else None
+
+
+def _user_messages(content: Any, keeps_cache_control: bool) -> list[dict[str, Any]]:
+    """Tool results first (as tool messages), then the rest of the turn as one user message."""
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}] if content else []
+    tools: list[dict[str, Any]] = []
+    parts: list[Any] = []
+    for block in content or []:
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(_text(block.get("text", "")))
+        elif kind in ("image", "document") and _media_url(block.get("source")):
+            parts.append({"type": "image_url"})  # dropped by AReaL's flattening; only its presence counts
+        elif kind == "tool_result":
+            tool = {
+                "role": "tool",
+                "tool_call_id": block.get("tool_use_id", ""),
+                "content": block.get("content"),
+            }
+            tool["content"] = _tool_result_text(tool["content"])
+            if keeps_cache_control and block.get("cache_control"):
+                tool["cache_control"] = block["cache_control"]
+            tools.append(tool)
+    return tools + ([{"role": "user", "content": parts}] if parts else [])
+
+
+def _media_url(source: Any) -> bool:
+    if not isinstance(source, dict):
+        return False
+    if source.get("type") == "base64":
+        return bool(source.get("data"))
+    return source.get("type") == "url"
+
+
+def _tool_result_text(content: Any) -> str:
+    """A tool_result's content after LiteLLM's conversion and AReaL's flattening: its text parts."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else []
+    return "\n".join(
+        p if isinstance(p, str) else str(p.get("text") or "") for p in parts if _is_text_block(p)
+    )
+
+
+def _assistant_message(content: Any, keeps_cache_control: bool) -> dict[str, Any] | None:
+    text: str | None = content if isinstance(content, str) else None
+    texts: list[str] = []
+    cached_text = False
+    calls: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, str):
+            text = block
+        elif block.get("type") == "text":
+            texts.append(block.get("text", ""))
+            cached_text = cached_text or bool(block.get("cache_control"))
+        elif block.get("type") == "tool_use":
+            function = {
+                "name": _tool_name(block.get("name", "")),
+                "arguments": json.dumps(block.get("input", {})),
+            }
+            calls.append({"id": block.get("id", ""), "type": "function", "function": function})
+        elif block.get("type") == "thinking":
+            thinking.append(
+                {
+                    "type": "thinking",
+                    "thinking": block.get("thinking") or "",
+                    "signature": block.get("signature") or "",
+                }
+            )
+        elif block.get("type") == "redacted_thinking":
+            thinking.append({"type": "redacted_thinking", "data": block.get("data") or ""})
+    if text is None and not texts and not calls and not thinking:
+        return None
+    # LiteLLM keeps text blocks as a list only when one of them carries cache_control for a model that
+    # consumes it; AReaL then joins that list with "\n". Text blocks are joined with "" otherwise.
+    joiner = "\n" if keeps_cache_control and cached_text else ""
+    message: dict[str, Any] = {"role": "assistant", "content": joiner.join(texts) if texts else text}
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["thinking_blocks"] = thinking
+        reasoning = "\n".join(b["thinking"] for b in thinking if b.get("thinking"))
+        if reasoning:
+            message["reasoning_content"] = reasoning
+    return message
+
+
+def _anthropic_tools(tools: Any, keeps_cache_control: bool) -> list[Any] | None:
+    converted = []
+    for index, tool in enumerate(tools or []):
+        kind = str(tool.get("type", ""))
+        if kind.startswith("web_search") or (tool.get("name") == "web_search" and "input_schema" not in tool):
+            continue  # LiteLLM turns web search into web_search_options, not a tool
+        if (
+            kind.startswith(_HOSTED_TOOL_TYPES)
+            or (kind == "function" and "function" in tool)
+            or _is_native(tool)
+        ):
+            converted.append(tool)
+            continue
+        name = tool.get("name")
+        function: dict[str, Any] = {
+            "name": _tool_name(
+                str(name) if name is not None and str(name).strip() else f"litellm_unnamed_tool_{index}"
+            )
+        }
+        if "input_schema" in tool:
+            function["parameters"] = tool["input_schema"]
+        if "description" in tool:
+            function["description"] = tool["description"]
+        if "strict" in tool:
+            function["strict"] = bool(tool["strict"])
+        extra = {k: v for k, v in tool.items() if k not in _MAPPED_TOOL_KEYS}
+        if extra:
+            function["parameters"] = {**function.get("parameters", {}), **extra}
+        param: dict[str, Any] = {"type": "function", "function": function}
+        if isinstance(tool.get("eager_input_streaming"), bool):
+            param["eager_input_streaming"] = tool["eager_input_streaming"]
+        if keeps_cache_control and tool.get("cache_control"):
+            param["cache_control"] = tool["cache_control"]
+        converted.append(param)
+    return converted or None
+
+
+def _is_native(tool: dict[str, Any]) -> bool:
+    """LiteLLM's provider-native tool: a single key naming a provider object."""
+    if len(tool) != 1:
+        return False
+    key, value = next(iter(tool.items()))
+    return key not in _ANTHROPIC_TOOL_SCHEMA_KEYS and isinstance(value, dict)
+
+
+def _tool_name(name: str) -> str:
+    if len(name) <= _MAX_TOOL_NAME_CHARS:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:_TRUNCATED_TOOL_NAME_CHARS]}_{digest}"
+
+
+def _template_wants_string_content(template: str) -> bool:
+    """Whether the template expects string content rather than a list of parts: SGLang's detection
+    (sglang/srt/parser/jinja_template_utils.py), which vLLM's also follows. A template naming media,
+    or looping over `message.content` (or `msg.content`, `m.content`), takes parts."""
+    if any(word in template for word in ("image", "audio", "video", "vision")):
+        return False
+    try:
+        ast = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return True
+    for loop in ast.find_all(jinja2.nodes.For):
+        node = loop.iter
+        while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) or (
+            isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
+        ):
+            node = node.node
+        if _is_content_of_message(node):
+            return False
+    return True
+
+
+def _is_content_of_message(node: jinja2.nodes.Node | None) -> bool:
+    if isinstance(node, jinja2.nodes.Getattr):
+        owner, key = node.node, node.attr
+    elif isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
+        owner, key = node.node, node.arg.value
+    else:
+        return False
+    return key == "content" and isinstance(owner, jinja2.nodes.Name) and owner.name in ("message", "msg", "m")
+
+
+def _segments_are_exact(spec: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether counting the pieces between added tokens separately gives the whole text's count.
+
+    Hugging Face tokenizers split at added tokens first and then normalise and pre-tokenize each
+    piece on its own, so this holds unless an added token strips whitespace from its neighbours, is
+    only matched after normalisation, or a step depends on where a piece sits in the whole text
+    (Metaspace's "first" prefix, a Prepend normaliser). The conditions SGLang's segment encoder
+    checks (token-budgets.md §5.4 caveats).
+    """
+    for token in tokenizer.added_tokens_decoder.values():
+        if token.lstrip or token.rstrip or token.single_word:
+            return False
+        if token.normalized and spec.get("normalizer") is not None:
+            return False
+    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+    return '"Metaspace"' not in text and '"Prepend"' not in text
+
+
+def _tiktoken_encoder(spec: dict[str, Any], backend: Any) -> Callable[[str], list[int]] | None:
+    """A tiktoken encoder giving the same ids as the HF tokenizer, or None where it cannot.
+
+    Only byte-level BPE with one regex pre-tokenizer fits (Qwen2/3, Llama-3, GPT-2 style); the
+    merge order must match the ranks, and the encoder must reproduce the HF ids on a probe text.
+    """
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or model.get("dropout") or model.get("byte_fallback"):
+        return None
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        return None
+    pattern = _byte_level_pattern(spec.get("pre_tokenizer"))
+    if pattern is None or spec.get("normalizer") not in (None, {"type": "NFC"}):
+        return None
+    ranks = _byte_ranks(model["vocab"])
+    if ranks is None or not _merges_follow_ranks(model.get("merges") or [], model["vocab"]):
+        return None
+    try:
+        encoding = tiktoken.Encoding(
+            "modeltap-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
+        )
+    except ValueError:
+        return None
+    encoder = encoding.encode_ordinary
+    if spec.get("normalizer") is not None:
+        # Qwen's tokenizer.json carries an NFC normaliser, which tiktoken does not apply itself.
+        encoder = _nfc_first(encoding)
+    if encoder(_PROBE_TEXT) != backend.encode(_PROBE_TEXT, add_special_tokens=False).ids:
+        log.info("the tiktoken encoder disagrees with the tokenizer on the probe text; using the tokenizer")
+        return None
+    return encoder
+
+
+def _nfc_first(encoding: tiktoken.Encoding) -> Callable[[str], list[int]]:
+    def encode(piece: str) -> list[int]:
+        if not unicodedata.is_normalized("NFC", piece):
+            piece = unicodedata.normalize("NFC", piece)
+        return encoding.encode_ordinary(piece)
+
+    return encode
+
+
+def _byte_level_pattern(pre_tokenizer: dict[str, Any] | None) -> str | None:
+    """The split regex of a byte-level pre-tokenizer that tiktoken can run, else None."""
+    if not pre_tokenizer:
+        return None
+    steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer])
+    last = steps[-1]
+    if last.get("type") != "ByteLevel" or last.get("add_prefix_space"):
+        return None
+    if len(steps) == 1:
+        return _GPT2_PATTERN if last.get("use_regex", True) else None
+    split = steps[0]
+    if len(steps) != 2 or last.get("use_regex") or split.get("type") != "Split":
+        return None
+    if split.get("behavior") != "Isolated" or split.get("invert") or "Regex" not in split.get("pattern", {}):
+        return None
+    return str(split["pattern"]["Regex"])
+
+
+def _byte_ranks(vocab: dict[str, int]) -> dict[bytes, int] | None:
+    """The vocabulary as tiktoken ranks: token text decoded through GPT-2's byte-to-unicode map."""
+    to_byte = {char: byte for byte, char in _bytes_to_unicode().items()}
+    ranks: dict[bytes, int] = {}
+    for token, rank in vocab.items():
+        if any(char not in to_byte for char in token):
+            return None
+        ranks[bytes(to_byte[char] for char in token)] = rank
+    if len(set(ranks.values())) != len(ranks) or any(bytes([b]) not in ranks for b in range(256)):
+        return None
+    return ranks
+
+
+def _merges_follow_ranks(merges: list[Any], vocab: dict[str, int]) -> bool:
+    """tiktoken merges the pair whose result has the lowest id; HF applies merges in list order."""
+    previous = -1
+    for merge in merges:
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        rank = vocab.get(left + right)
+        if rank is None or rank <= previous:
+            return False
+        previous = rank
+    return True
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters, used by every byte-level BPE."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars), strict=True))

