@@ -466,6 +466,38 @@ class _Workflow:
         return self.import_path in MODELTAP_WORKFLOWS
 
 
+@dataclass(frozen=True, slots=True)
+class _EngineLimits:
+    """AReaL's total cap (`configured` at `path`, else the hidden cap) against the backend's window
+    (`window` at `window_path`, None when the backend reads it from the model), and what the cap
+    should be: `target`, the number every fix that touches it proposes, so that fixes agree."""
+
+    path: str
+    configured: int | None
+    window_path: str
+    window: int | None
+    margin: int
+
+    @property
+    def effective(self) -> int:
+        return AREAL_HIDDEN_TOTAL_CAP if self.configured is None else self.configured
+
+    @property
+    def safe(self) -> int | None:
+        return None if self.window is None else self.window - self.margin
+
+    @property
+    def target(self) -> int:
+        if self.safe is None or (self.configured is not None and self.configured <= self.safe):
+            return self.effective
+        return self.safe
+
+    @property
+    def longest(self) -> int:
+        """The longest trajectory there can be: the cap, or the window if that is smaller."""
+        return self.effective if self.window is None else min(self.effective, self.window)
+
+
 @dataclass
 class _Context:
     config: _Config
@@ -500,9 +532,16 @@ class _Context:
         return any(w.is_modeltap for w in self.workflows) or self.config.has(self.agent)
 
     @cached_property
-    def inference_backend(self) -> str:
+    def engine(self) -> _EngineLimits:
+        path = f"{self.agent}.engine_max_tokens"
         backend = str(self.config.get("rollout.backend") or self.config.get("allocation_mode") or "")
-        return "vllm" if backend.startswith("vllm") else "sglang"
+        window_path, margin = (
+            ("vllm.max_model_len", VLLM_WINDOW_MARGIN)
+            if backend.startswith("vllm")
+            else ("sglang.context_length", SGLANG_WINDOW_MARGIN)
+        )
+        window = _as_int(self.config.get(window_path, DEFAULT_CONTEXT_LENGTH), window_path)
+        return _EngineLimits(path, _as_int(self.config.get(path), path), window_path, window, margin)
 
     def tasks(self, bundle: str) -> dict[str, float] | str:
         """The bundle's {task_id: timeout_s}, or the message of the error reading it. Callers check
@@ -521,14 +560,8 @@ def _engine_max_tokens(ctx: _Context) -> list[Finding]:
     token-budgets.md §1.1, §7). AReaL never compares the two; unset, a hidden 32768 cap applies."""
     if not ctx.uses_agent_proxy:
         return []
-    path = f"{ctx.agent}.engine_max_tokens"
-    limit = _as_int(ctx.config.get(path), path)
-    window_path, margin = (
-        ("vllm.max_model_len", VLLM_WINDOW_MARGIN)
-        if ctx.inference_backend == "vllm"
-        else ("sglang.context_length", SGLANG_WINDOW_MARGIN)
-    )
-    window = _as_int(ctx.config.get(window_path, DEFAULT_CONTEXT_LENGTH), window_path)
+    limits = ctx.engine
+    path, limit, window_path, window = limits.path, limits.configured, limits.window_path, limits.window
     refusal = (
         'An over-long prompt then comes back to the agent as HTTP 500 ("max_new_tokens (X) is '
         'non-positive!" from the cap, or "Failed after N retries ... /generate" once the backend has '
@@ -539,11 +572,10 @@ def _engine_max_tokens(ctx: _Context) -> list[Finding]:
         if limit is not None:
             return []
         why = f"{window_path} is null, so the window comes from the model's config.json. {refusal}"
-        return [Finding("warning", path, unset, why, f"++{path}=CONTEXT_LENGTH_MINUS_{margin}")]
-    safe = window - margin
-    if limit is not None and limit <= safe:
+        return [Finding("warning", path, unset, why, f"++{path}=CONTEXT_LENGTH_MINUS_{limits.margin}")]
+    if limit is not None and limit == limits.target:
         return []
-    fix = _override(path, safe)
+    fix = _override(path, limits.target)
     if limit is None:
         why = (
             f"AReaL 2.0+ caps prompt + completion at {AREAL_HIDDEN_TOTAL_CAP} when engine_max_tokens is "
@@ -620,8 +652,7 @@ def _micro_batches(ctx: _Context) -> list[Finding]:
     to fit one micro-batch (MicroBatchSpec, cli_args.py; issue 6)."""
     if not ctx.uses_agent_proxy:
         return []
-    longest_path = f"{ctx.agent}.engine_max_tokens"
-    longest = _as_int(ctx.config.get(longest_path), longest_path) or AREAL_HIDDEN_TOTAL_CAP
+    longest = ctx.engine.longest
     findings = []
     for role in ("actor", "ref", "critic"):
         path = f"{role}.mb_spec.max_tokens_per_mb"
@@ -780,8 +811,7 @@ def _proxy_budget(ctx: _Context) -> list[Finding]:
     """modeltap answers an over-long prompt with the 400 agents compact on only when it counts (a
     tokenizer) and knows AReaL's cap; otherwise the prompt reaches AReaL, which answers 500 (issue 3;
     areal-proxy-protocol.md §4.1; DESIGN §4: no tokenizer, no budget)."""
-    areal_path = f"{ctx.agent}.engine_max_tokens"
-    areal_cap = _as_int(ctx.config.get(areal_path), areal_path) or AREAL_HIDDEN_TOTAL_CAP
+    areal_cap = ctx.engine.target
     refusal = (
         'AReaL answers it with HTTP 500 ("len of prompt tokens N exceeds max_total_tokens M"), which agents '
         "retry or die on, instead of the 400 context_length_exceeded they compact on and go on."
@@ -799,8 +829,8 @@ def _proxy_budget(ctx: _Context) -> list[Finding]:
         if cap is None or cap > areal_cap:
             title = f"modeltap's budget does not hold to AReaL's cap of {areal_cap} tokens"
             why = (
-                f"{proxy}.engine_max_tokens is {cap or 'unset'}, so modeltap lets through prompts AReaL "
-                f"refuses. {refusal}"
+                f"{proxy}.engine_max_tokens is {cap or 'unset'}, so modeltap lets through prompts that AReaL "
+                f"(with engine_max_tokens at {areal_cap}, as it should be) refuses. {refusal}"
             )
             fix = _override(f"{proxy}.engine_max_tokens", areal_cap)
             findings.append(Finding("warning", f"{proxy}.engine_max_tokens", title, why, fix))

@@ -100,6 +100,22 @@ def test_each_fix_clears_its_finding(name, rule, severities):
     assert run(name, fixes) == []
 
 
+def test_all_fixes_at_once_leave_nothing():
+    pitfalls = [
+        "rollout.agent.engine_max_tokens=null",
+        "workflow_kwargs.proxy.engine_max_tokens=null",
+        "actor.mb_spec.max_tokens_per_mb=10240",
+        "rollout.request_timeout=600",
+        "actor.use_decoupled_loss=true",
+        "actor.optimizer_dtype=float32",
+        "rollout.agent.admin_api_key=areal-admin-key",
+    ]
+    findings = run("clean", pitfalls)
+    assert len({f.rule for f in findings}) == 7
+    fixes = [token for f in findings for token in shlex.split(f.fix)]
+    assert run("clean", pitfalls + fixes) == []
+
+
 @pytest.mark.parametrize(
     ("name", "fix"),
     [
@@ -149,15 +165,28 @@ def test_vllm_window_margin_is_one():
     findings = run("clean", ["rollout.backend=vllm:d1p1t1", "+vllm.max_model_len=32768"])
     assert findings == []
     findings = run("clean", ["rollout.backend=vllm:d1p1t1", "+vllm.max_model_len=32762"])
-    assert [f.fix for f in findings] == ["++rollout.agent.engine_max_tokens=32761"]
+    # the clean config's proxy reads AReaL's number through ${...}: both fixes propose the same one
+    assert [f.fix for f in findings] == [
+        "++rollout.agent.engine_max_tokens=32761",
+        "++workflow_kwargs.proxy.engine_max_tokens=32761",
+    ]
 
 
 def test_engine_max_tokens_inside_sglang_margin_is_a_warning():
     # AReaL's own SWE example: engine_max_tokens = context_length - 1 (examples/swe/qwen3_30b_a3b_grpo.yaml)
-    findings = run(
-        "clean", ["rollout.agent.engine_max_tokens=32767", "actor.mb_spec.max_tokens_per_mb=32767"]
-    )
-    assert [(f.rule, f.severity) for f in findings] == [("engine-max-tokens", "warning")]
+    overrides = ["rollout.agent.engine_max_tokens=32767"]
+    findings = run("clean", overrides)
+    assert [(f.rule, f.severity) for f in findings] == [
+        ("engine-max-tokens", "warning"),
+        ("proxy-budget", "warning"),
+    ]
+    # fixes that touch the same number agree, so applying them all leaves nothing
+    fixes = [token for f in findings for token in shlex.split(f.fix)]
+    assert fixes == [
+        "++rollout.agent.engine_max_tokens=32762",
+        "++workflow_kwargs.proxy.engine_max_tokens=32762",
+    ]
+    assert run("clean", overrides + fixes) == []
 
 
 def test_window_from_the_model_config():
