@@ -44,5 +44,5 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-demo: venv
+demo: venv agents
 	$(VENV)/bin/modeltap demo

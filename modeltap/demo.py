@@ -42,8 +42,12 @@ BASH_TOOL = {
         },
     },
 }
-# Where `make` installs the agent CLIs (mk/install.mk); PATH is searched too.
-_NPM_BIN = Path(".cache/npm/node_modules/.bin")
+# Where `make` installs the agent CLIs (mk/install.mk), in the working folder or beside an editable
+# install's source; PATH is searched first.
+_NPM_BINS = [
+    Path(".cache/npm/node_modules/.bin"),
+    Path(__file__).resolve().parents[1] / ".cache/npm/node_modules/.bin",
+]
 # opencode run offline: every network feature off (shared/reference/agent-clients.md, "opencode").
 _OPENCODE_FLAGS = [
     "OPENCODE_" + flag
@@ -179,7 +183,7 @@ async def _sdk_conversation(client: Any, say: Callable[[str], None]) -> None:
 
 
 async def _opencode_conversation(proxy: Proxy, say: Callable[[str], None]) -> str | None:
-    binary = shutil.which("opencode") or shutil.which("opencode", path=str(_NPM_BIN))
+    binary = _find_opencode()
     if binary is None:
         say("opencode is not installed (make test installs it into .cache/npm): skipping the opencode run")
         return None
@@ -193,6 +197,12 @@ async def _opencode_conversation(proxy: Proxy, say: Callable[[str], None]) -> st
         out, _ = await asyncio.wait_for(proc.communicate(), OPENCODE_TIMEOUT_S)
     say(f"opencode through modeltap printed {out.decode().strip()!r} (exit {proc.returncode})")
     return session.id
+
+
+def _find_opencode() -> str | None:
+    """opencode's absolute path: it runs in a scratch folder, where a relative one would not resolve."""
+    binary = shutil.which("opencode") or shutil.which("opencode", path=os.pathsep.join(map(str, _NPM_BINS)))
+    return str(Path(binary).resolve()) if binary else None
 
 
 def _opencode_env(home: str, base_url: str) -> dict[str, str]:
