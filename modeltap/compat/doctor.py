@@ -34,7 +34,7 @@ import secrets
 import shlex
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from importlib.machinery import ModuleSpec, PathFinder
@@ -771,8 +771,8 @@ def _template_kwargs(ctx: _Context) -> list[Finding]:
         if modeltap is None:
             return []
         counter_path = f"{modeltap.kwargs_key}.proxy.chat_template_kwargs"
-        counter = ctx.config.get(counter_path) or {}
-    areal = ctx.config.get(f"{ctx.agent}.chat_template_kwargs") or {}
+        counter = _mapping(ctx, counter_path)
+    areal = _mapping(ctx, f"{ctx.agent}.chat_template_kwargs")
     differing = sorted(
         key
         for key in {*counter, *areal}
@@ -839,35 +839,36 @@ def _proxy_budget(ctx: _Context) -> list[Finding]:
 
 def _areal_tokenizer(ctx: _Context) -> str:
     """The tokenizer AReaL is configured with, for a fix, or a placeholder when it cannot be read."""
+    return next(_tokenizers(ctx), "PATH/TO/TOKENIZER")
+
+
+def _chat_template(ctx: _Context) -> str | None:
+    """The served chat template's text when the tokenizer is a local folder, else None (unknown)."""
+    for folder in _tokenizers(ctx):
+        config_file, jinja = Path(folder, "tokenizer_config.json"), Path(folder, "chat_template.jinja")
+        try:
+            if jinja.is_file():
+                return jinja.read_text(encoding="utf-8")
+            if not config_file.is_file():
+                continue
+            template = json.loads(config_file.read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError, AttributeError):
+            return None
+        if isinstance(template, list):  # named templates: [{"name", "template"}, ...]
+            return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+        return template if isinstance(template, str) else None
+    return None
+
+
+def _tokenizers(ctx: _Context) -> Iterator[str]:
+    """AReaL's tokenizer paths as configured, most specific first, skipping what cannot be resolved."""
     for key in TOKENIZER_KEYS:
         try:
             value = ctx.config.get(key)
         except _Unresolved:
             continue
         if isinstance(value, str) and value:
-            return value
-    return "PATH/TO/TOKENIZER"
-
-
-def _chat_template(ctx: _Context) -> str | None:
-    """The served chat template's text when the tokenizer is a local folder, else None (unknown)."""
-    for key in TOKENIZER_KEYS:
-        try:
-            folder = ctx.config.get(key)
-        except _Unresolved:
-            continue
-        if not isinstance(folder, str) or not Path(folder, "tokenizer_config.json").is_file():
-            continue
-        jinja = Path(folder, "chat_template.jinja")
-        if jinja.is_file():
-            return jinja.read_text(encoding="utf-8")
-        template = json.loads(Path(folder, "tokenizer_config.json").read_text(encoding="utf-8")).get(
-            "chat_template"
-        )
-        if isinstance(template, list):  # named templates: [{"name", "template"}, ...]
-            return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
-        return template if isinstance(template, str) else None
-    return None
+            yield value
 
 
 def _request_timeout(ctx: _Context) -> list[Finding]:
@@ -1046,6 +1047,14 @@ def _top_level_names(body: list[ast.stmt]) -> set[str] | None:
                     return None
                 names |= inner
     return names
+
+
+def _mapping(ctx: _Context, path: str) -> dict[str, Any]:
+    """A mapping from the config ({} when absent or null)."""
+    value = ctx.config.get(path) or {}
+    if not isinstance(value, dict):
+        raise _Unresolved(path, f"{value!r} is not a mapping")
+    return value
 
 
 def _as_int(value: object, path: str) -> int | None:

@@ -264,6 +264,18 @@ def test_template_kwargs_not_read_by_the_template(tmp_path):
     assert [f.rule for f in run("thinking_mismatch", [f"actor.path={tmp_path}"])] == ["template-kwargs"]
 
 
+def test_template_kwargs_with_an_unreadable_tokenizer_config(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text("{not json")
+    assert [f.rule for f in run("thinking_mismatch", [f"actor.path={tmp_path}"])] == ["template-kwargs"]
+
+
+def test_template_kwargs_that_are_not_a_mapping():
+    findings = run("clean", ["+workflow_kwargs.proxy.chat_template_kwargs=thinking"])
+    assert [(f.rule, f.severity, f.path) for f in findings] == [
+        ("template-kwargs", "info", "workflow_kwargs.proxy.chat_template_kwargs")
+    ]
+
+
 def test_request_timeout_uses_the_workflows_timeout_s():
     findings = run("clean", ["+workflow_kwargs.timeout_s=3600"])
     assert [(f.rule, f.severity, f.fix) for f in findings] == [
