@@ -1,0 +1,291 @@
+"""modeltap/records/view.py: turns (what each added), their text, session ids, and `tail`'s follow loop."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modeltap.records.exchange import Exchange
+from modeltap.records.store import RecordStore, StoreReader
+from modeltap.records.view import (
+    follow,
+    resolve_session,
+    session_turns,
+    tail_line,
+    tool_results,
+    turn_text,
+    turns,
+)
+
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+ASK = {"role": "user", "content": "Run `echo $((6 * 7))`."}
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "bash", "arguments": '{"command": "echo 42"}'},
+        }
+    ],
+}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "42\n"}
+TITLE_ASK = [{"role": "system", "content": "You are a title generator."}, ASK]
+
+
+def chat_reply(content: str | None = None, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+    finish = "tool_calls" if calls else "stop"
+    return {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 7},
+    }
+
+
+def chat(messages: list[dict[str, Any]], response: dict[str, Any] | None, **fields: Any) -> Exchange:
+    request = {
+        "model": "m",
+        "messages": messages,
+        "tools": [{"type": "function", "function": {"name": "bash"}}],
+    }
+    settings: dict[str, Any] = {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "endpoint": "chat",
+        "session_id": "s-view",
+        "request": json.dumps(request).encode(),
+        "request_json": request,
+        "response": response,
+        "status": 200,
+        "started": 1000.0,
+        "first_byte": 1000.25,
+        "ended": 1001.5,
+        "user_agent": "OpenAI/Python 3.57.0",
+    }
+    return Exchange(**(settings | fields))
+
+
+async def recorded(path: Path, *exchanges: Exchange) -> list[dict[str, Any]]:
+    """`exchanges` written by the real store and read back as `show` reads them."""
+    store = RecordStore(path)
+    store.start()
+    for ex in exchanges:
+        await store.submit(ex)
+    await store.close()
+    with StoreReader(path) as reader:
+        return reader.exchanges()
+
+
+async def test_each_turn_shows_what_it_added_against_the_turn_it_continues(tmp_path: Path) -> None:
+    rows = await recorded(
+        tmp_path / "r.db",
+        chat([SYSTEM, ASK], chat_reply(calls=CALL["tool_calls"])),
+        chat(TITLE_ASK, chat_reply("Shell arithmetic"), request_json={"model": "m", "messages": TITLE_ASK}),
+        chat([SYSTEM, ASK, CALL, RESULT], chat_reply("42")),
+    )
+    first, title, last = turns(rows)
+    assert [m["role"] for m in first["new_messages"]] == ["system", "user"]
+    assert first["tool_calls"] == [{"id": "call_1", "name": "bash", "arguments": '{"command": "echo 42"}'}]
+    assert (first["finish_reason"], first["prompt_tokens"], first["completion_tokens"]) == (
+        "tool_calls",
+        100,
+        7,
+    )
+    assert (first["ttfb_ms"], first["latency_ms"]) == (250, 1500)
+    assert title["continues"] is None and title["reply"] == "Shell arithmetic"
+    # The title request sits between the two turns of the main loop; turn 3 still continues turn 1.
+    assert last["continues"] == 1
+    assert last["new_messages"] == [CALL, RESULT]
+    assert last["tool_results"] == [{"id": "call_1", "content": "42\n", "is_error": False}]
+    assert (last["reply"], last["finish_reason"], last["error"]) == ("42", "stop", None)
+    assert "request" not in last and turns(rows, full=True)[2]["request"]["messages"][-1] == RESULT
+
+
+async def test_errors_budget_and_parse_failures_are_part_of_the_turn(tmp_path: Path) -> None:
+    budget = {
+        "action": "clamp",
+        "prompt_tokens": 900,
+        "requested": 4096,
+        "allowed": 100,
+        "field": "max_tokens",
+        "limit": 1000,
+        "error": None,
+        "note": None,
+    }
+    overflow = chat(
+        [SYSTEM, ASK], {"error": {"message": "maximum context length is 1000 tokens"}}, status=400
+    )
+    overflow.fail("model_fault", "This model's maximum context length is 1000 tokens.")
+    broken = chat_reply()
+    broken["choices"][0]["finish_reason"] = "tool_calls"  # AReaL's failed tool-call parse
+    rows = await recorded(tmp_path / "r.db", chat([SYSTEM, ASK], broken, budget=budget), overflow)
+    clamped, failed = turns(rows)
+    assert clamped["budget"] == budget and clamped["tool_call_parse_failure"]
+    assert failed["error"] == {
+        "class": "model_fault",
+        "message": "This model's maximum context length is 1000 tokens.",
+    }
+    text = session_turns("s-view", rows)
+    assert "budget clamp: prompt 900 tokens, max_tokens 4096 → 100 (limit 1000)" in text
+    assert "! finish_reason says tool call but none parsed" in text
+    assert "! model_fault" in text and "maximum context length is 1000 tokens" in text
+    assert "model_fault: This model's maximum context length" in tail_line(failed)
+
+
+async def test_session_text_lists_messages_calls_results_and_reply(tmp_path: Path) -> None:
+    long_output = "line\n" * 100
+    rows = await recorded(
+        tmp_path / "r.db",
+        chat([SYSTEM, ASK], chat_reply(calls=CALL["tool_calls"])),
+        chat([SYSTEM, ASK, CALL, {**RESULT, "content": long_output}], chat_reply("42"), streamed=True),
+    )
+    text = session_turns("s-view", rows)
+    lines = text.splitlines()
+    assert lines[0] == "session s-view: 2 turn(s)"
+    assert lines[1].startswith("#1  ") and "chat  200  1.50s  tokens 100→7  tool_calls" in lines[1]
+    assert "+ user       Run `echo $((6 * 7))`." in text
+    assert '← tool call  → bash({"command": "echo 42"})' in text
+    assert "chat (stream)  200  1.50s (first byte 250ms)" in text
+    assert "+ tool       ⇐ call_1: line line" in text and "← reply      42" in text
+    assert all(len(line) <= 110 for line in lines)  # one line per message, shortened
+    full = turn_text(turns(rows, full=True)[1])
+    assert full.count("line") > 100 and "── request" in full and "── response" in full
+    assert "POST /v1/chat/completions  model m  client OpenAI/Python 3.57.0" in full
+
+
+def test_tool_results_in_every_dialect() -> None:
+    anthropic = {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "42"}]},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "boom", "is_error": True},
+            {"type": "text", "text": "go on"},
+        ],
+    }
+    responses = {"type": "function_call_output", "call_id": "fc_1", "output": "42"}
+    assert tool_results([RESULT, anthropic, responses, ASK]) == [
+        {"id": "call_1", "content": "42\n", "is_error": False},
+        {"id": "toolu_1", "content": "42", "is_error": False},
+        {"id": "toolu_2", "content": "boom", "is_error": True},
+        {"id": "fc_1", "content": "42", "is_error": False},
+    ]
+
+
+async def test_anthropic_turns_show_blocks_and_a_changed_system_prompt(tmp_path: Path) -> None:
+    def messages(history: list[dict[str, Any]], system: str) -> Exchange:
+        body = {"model": "claude", "system": system, "messages": history}
+        reply = {
+            "type": "message",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}],
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 5},
+        }
+        return Exchange(
+            method="POST",
+            path="/v1/messages?beta=true",
+            endpoint="messages",
+            session_id="s-a",
+            request=json.dumps(body).encode(),
+            request_json=body,
+            response=reply,
+            status=200,
+        )
+
+    use = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}],
+    }
+    result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}],
+    }
+    rows = await recorded(
+        tmp_path / "r.db",
+        messages([ASK], "be brief"),
+        messages([ASK, use, result], "be brief"),
+        messages([ASK, use, result], "be briefer"),
+    )
+    first, second, third = turns(rows)
+    assert first["tool_calls"][0]["name"] == "Bash" and first["finish_reason"] == "tool_use"
+    assert second["new_messages"] == [use, result] and second["tool_results"][0]["content"] == "a.txt"
+    assert third["new_messages"] == [{"role": "system", "content": "be briefer"}]
+    text = session_turns("s-a", rows)
+    assert "+ assistant  → Bash({})" in text and "+ user       ⇐ toolu_1: a.txt" in text
+
+
+async def test_resolve_session_by_prefix(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "r.db")
+    store.start()
+    for sid in ("s-abc1", "s-abc2", "s-xyz"):
+        store.record_session(sid, {}, None)
+    await store.close()
+    with StoreReader(tmp_path / "r.db") as reader:
+        assert resolve_session(reader, "s-x") == "s-xyz"
+        assert resolve_session(reader, "s-abc1") == "s-abc1"
+        with pytest.raises(ValueError, match="names 2 sessions"):
+            resolve_session(reader, "s-abc")
+        with pytest.raises(ValueError, match="names 0 sessions"):
+            resolve_session(reader, "nope")
+
+
+class Lines(io.StringIO):
+    """What `follow` printed, waitable from the test's thread."""
+
+    def wait_for(self, count: int, timeout_s: float = 10.0) -> list[str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            lines = self.getvalue().splitlines()
+            if len(lines) >= count:
+                return lines
+            time.sleep(0.02)
+        raise AssertionError(f"wanted {count} lines, got: {self.getvalue()!r}")
+
+
+async def test_follow_waits_for_the_store_prints_history_then_new_exchanges(tmp_path: Path) -> None:
+    path = tmp_path / "late" / "r.db"
+    out, stop = Lines(), threading.Event()
+    thread = threading.Thread(
+        target=follow, args=(path,), kwargs={"history": 1, "out": out, "poll_s": 0.05, "stop": stop}
+    )
+    thread.start()  # before the database exists, as `tail` started before `serve`
+    try:
+        await asyncio.sleep(0.2)
+        store = RecordStore(path)
+        store.start()
+        await store.submit(chat([SYSTEM, ASK], chat_reply(calls=CALL["tool_calls"])), wait=True)
+        lines = await asyncio.to_thread(out.wait_for, 1)
+        assert "s-view #1  chat  200" in lines[0] and '→ bash({"command": "echo 42"})' in lines[0]
+        await store.submit(
+            chat([SYSTEM, ASK, CALL, RESULT], chat_reply("42"), session_id="s-other"), wait=True
+        )
+        await store.submit(chat([SYSTEM, ASK, CALL, RESULT], chat_reply("42")), wait=True)
+        lines = await asyncio.to_thread(out.wait_for, 3)
+        assert "s-other #1" in lines[1] and "s-view #2" in lines[2] and "stop" in lines[2]
+        await store.close()
+    finally:
+        stop.set()
+        thread.join(5)
+
+    # A second tail on the finished store: only the last exchange of the chosen session as history,
+    # numbered as in the session, then JSON lines.
+    out = Lines()
+    stop = threading.Event()
+    stop.set()
+    follow(path, session="s-vi", history=1, as_json=True, out=out, stop=stop)
+    [line] = out.getvalue().splitlines()
+    turn = json.loads(line)
+    assert (turn["turn"], turn["session_id"], turn["reply"], turn["finish_reason"]) == (
+        2,
+        "s-view",
+        "42",
+        "stop",
+    )
