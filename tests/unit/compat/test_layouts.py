@@ -36,6 +36,15 @@ def test_upstream_paths(layout, endpoint, base_has_v1, expected):
     assert upstream_paths(layout, endpoint, base_has_v1) == expected
 
 
+def test_auto_tries_areal_first_where_areal_is_installed():
+    assert upstream_paths("auto", "chat", False, auto_first="areal") == [
+        "/chat/completions",
+        "/v1/chat/completions",
+    ]
+    # AReaL's Anthropic route is under /v1 already: its other candidate is the bare one
+    assert upstream_paths("auto", "messages", False, auto_first="areal") == ["/v1/messages", "/messages"]
+
+
 @pytest.mark.parametrize(
     ("status", "body", "expected"),
     [
