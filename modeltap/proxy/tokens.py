@@ -112,6 +112,7 @@ class TokenCounter:
         chat_template_kwargs: dict[str, Any] | None = None,
         *,
         request_template_kwargs: bool = True,
+        openai_typed_chat: bool = False,
         verify_first: int = VERIFY_FIRST_REQUESTS,
         verify_every: int = VERIFY_EVERY_REQUESTS,
         cache_max_chars: int = SEGMENT_CACHE_MAX_CHARS,
@@ -120,8 +121,13 @@ class TokenCounter:
 
         `request_template_kwargs=False` ignores a request's own `chat_template_kwargs`: AReaL drops
         that field (areal-proxy-protocol.md §1.1), so against AReaL only the configured kwargs
-        describe what the server renders. `verify_first` and `verify_every` (0: never) set which
-        counts are checked by a full encode; `cache_max_chars` bounds the segment cache.
+        describe what the server renders. `openai_typed_chat=True` counts a chat body as AReaL's
+        proxy sees it after validating it against the openai SDK's types: message fields the types do
+        not declare (such as `reasoning_content`) dropped, and tool definitions in the types' key
+        order, which the template's `tojson` shows. Against AReaL, set both.
+
+        `verify_first` and `verify_every` (0: never) set which counts are checked by a full encode;
+        `cache_max_chars` bounds the segment cache.
         """
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
@@ -132,6 +138,7 @@ class TokenCounter:
         self._backend = backend
         self._template_kwargs = dict(chat_template_kwargs or {})
         self._request_template_kwargs = request_template_kwargs
+        self._openai_typed_chat = openai_typed_chat
         self._string_content = _template_wants_string_content(tokenizer.chat_template)
         spec = json.loads(backend.to_str())
         added = sorted((t.content for t in tokenizer.added_tokens_decoder.values()), key=len, reverse=True)
@@ -211,7 +218,9 @@ class TokenCounter:
         self, endpoint: Endpoint, body: dict[str, Any]
     ) -> tuple[list[dict[str, Any]], list[Any] | None, dict[str, Any]]:
         """(messages, tools, the request's template kwargs) for one body."""
-        if endpoint is Endpoint.CHAT:
+        if endpoint is Endpoint.CHAT and self._openai_typed_chat:
+            messages, tools = _typed_messages(body["messages"]), _typed_tools(body.get("tools"))
+        elif endpoint is Endpoint.CHAT:
             messages, tools = body["messages"], body.get("tools")
         elif endpoint is Endpoint.RESPONSES:
             messages, tools = _responses_messages(body), body.get("tools")
@@ -346,6 +355,60 @@ def _parsed_tool_call(call: Any) -> Any:
     if not isinstance(parsed, dict):
         return call
     return {**call, "function": {**function, "arguments": parsed}}  # type: ignore[dict-item]
+
+
+# The fields of the openai SDK's chat TypedDicts (openai/types/chat/*_param.py, the same in openai 2.x
+# and 3.x), in declaration order. AReaL's proxy validates /chat/completions bodies against them with
+# pydantic, which keeps only these fields, in this order (areal-proxy-protocol.md §1.1; AReaL #1499).
+_TYPED_MESSAGE_FIELDS = {
+    "system": ("content", "role", "name"),
+    "developer": ("content", "role", "name"),
+    "user": ("content", "role", "name"),
+    "assistant": ("role", "audio", "content", "function_call", "name", "refusal", "tool_calls"),
+    "tool": ("content", "role", "tool_call_id"),
+    "function": ("content", "name", "role"),
+}
+_TYPED_TOOL_CALL_FIELDS = ("id", "function", "type")
+_TYPED_CALLED_FUNCTION_FIELDS = ("arguments", "name")
+_TYPED_FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
+
+
+def _typed_messages(messages: Any) -> list[Any]:
+    return [_typed_message(m) for m in messages]
+
+
+def _typed_message(message: Any) -> Any:
+    fields = _TYPED_MESSAGE_FIELDS.get(message.get("role")) if isinstance(message, dict) else None
+    if fields is None:
+        return message
+    typed = _only(message, fields)
+    if isinstance(typed.get("tool_calls"), list):
+        typed["tool_calls"] = [_typed_tool_call(call) for call in typed["tool_calls"]]
+    return typed
+
+
+def _typed_tool_call(call: Any) -> Any:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    return {
+        **_only(call, _TYPED_TOOL_CALL_FIELDS),
+        "function": _only(call["function"], _TYPED_CALLED_FUNCTION_FIELDS),
+    }
+
+
+def _typed_tools(tools: Any) -> Any:
+    if not isinstance(tools, list):
+        return tools
+    return [
+        {"function": _only(t["function"], _TYPED_FUNCTION_FIELDS), "type": "function"}
+        if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+        else t
+        for t in tools
+    ]
+
+
+def _only(mapping: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {k: mapping[k] for k in fields if k in mapping}
 
 
 def _responses_messages(body: dict[str, Any]) -> list[Any]:

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai.types.chat.completion_create_params import CompletionCreateParams
+from pydantic import TypeAdapter
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -208,6 +210,48 @@ def test_tool_call_arguments_that_are_not_a_json_object_stay_text(qwen: PreTrain
     call = {"type": "function", "function": {"name": "f", "arguments": "not json"}}
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     assert TokenCounter(qwen).count(Endpoint.CHAT, {"messages": messages}) == reference(qwen, messages)
+
+
+def test_chat_as_areal_validates_it(qwen: PreTrainedTokenizerBase) -> None:
+    # AReaL's proxy validates the body against the openai SDK's types with pydantic: fields they do
+    # not declare are dropped and tool definitions take their key order. The reference runs that
+    # very validation.
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}},
+            {
+                "role": "assistant",
+                "content": "done",
+                "reasoning_content": "thought about it",
+                "tool_calls": [
+                    {"type": "function", "id": "1", "function": {"name": "f", "arguments": '{"a": 1}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "1", "content": "42", "name": "f"},
+            {"role": "user", "content": "and?"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {"parameters": {"type": "object"}, "strict": True, "name": "f", "x-extra": 1},
+            }
+        ],
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    # The messages come back as a lazy iterator that needs its adapter alive while it is read.
+    adapter = TypeAdapter(CompletionCreateParams)
+    validated = adapter.validate_python(body)
+    messages = [dict(m) for m in validated["messages"]]
+    messages[1]["tool_calls"] = [
+        {**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
+        for call in messages[1]["tool_calls"]
+    ]
+    tool_list = list(validated["tools"])
+    assert "chat_template_kwargs" not in validated and "reasoning_content" not in messages[1]
+    typed = TokenCounter(qwen, request_template_kwargs=False, openai_typed_chat=True)
+    assert typed.count(Endpoint.CHAT, body) == reference(qwen, messages, tool_list)
+    assert TokenCounter(qwen).count(Endpoint.CHAT, body) != reference(qwen, messages, tool_list)
 
 
 def test_responses_input_and_instructions_as_areal_converts_them(qwen: PreTrainedTokenizerBase) -> None:
