@@ -1,0 +1,375 @@
+"""The debugging commands (show, tail, export, replay, mock) on recordings made by real clients: the
+openai SDK and opencode through a real modeltap Proxy in front of the vLLM stand-in. `tail` and `mock`
+run as the `modeltap` command in subprocesses, as a person runs them in a second terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from modeltap.cli import main
+from modeltap.proxy.server import Proxy
+from modeltap.proxy.sse import StreamAssembler
+from modeltap.records.export import conversation
+from modeltap.records.replay import load_mock, mock_app, replay
+from modeltap.records.store import StoreReader
+from modeltap.records.view import turns
+from tests.agents import arun_opencode
+from tests.integration.conftest import records
+from tests.standins.openai_like import OpenAILikeStandIn
+from tests.standins.script import Conversation, Reply, ToolCall, shell_arithmetic
+
+MODELTAP = str(Path(sys.executable).parent / "modeltap")
+# A subprocess command prints its address within a second or two; a loaded CI machine gets more.
+START_TIMEOUT_S = 30.0
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "run a shell command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+ASK = {"role": "user", "content": "Run `echo $((6 * 7))` and reply with the number."}
+
+
+@pytest.fixture
+def vllm() -> Iterator[OpenAILikeStandIn]:
+    with OpenAILikeStandIn() as upstream:
+        yield upstream
+
+
+def play(base_url: str, *, ask: dict[str, Any] = ASK) -> list[Any]:
+    """The openai SDK's two-turn tool loop: a non-streamed tool call, the result, a streamed answer
+    with usage. Returns what the SDK got: the tool call and the streamed text."""
+    client = openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0)
+    first = client.chat.completions.create(model="standin-model", messages=[ask], tools=[BASH])
+    call = first.choices[0].message.tool_calls[0]
+    history = [ask, first.choices[0].message.model_dump(exclude_none=True)]
+    history.append({"role": "tool", "tool_call_id": call.id, "content": "42\n"})
+    stream = client.chat.completions.create(
+        model="standin-model",
+        messages=history,
+        tools=[BASH],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    client.close()
+    return [call.function.name, json.loads(call.function.arguments), text]
+
+
+def record_session(threaded_proxy: Callable[..., Any], upstream: OpenAILikeStandIn, **config: Any) -> str:
+    with threaded_proxy(upstream=upstream.url, **config) as proxy:
+        session = proxy.sessions.open(labels={"agent": "openai-sdk"})
+        assert play(session.host_base_url + "/v1") == ["bash", {"command": "echo $((6 * 7))"}, "42"]
+    return str(session.id)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+@contextmanager
+def cli_process(*argv: str, ready: str | None) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`modeltap ARGV` in a subprocess, once it printed a line containing `ready` (at once for None);
+    stopped by its pid."""
+    process = subprocess.Popen(
+        [MODELTAP, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        assert process.stdout is not None
+        if ready is None:
+            yield process, ""
+            return
+        for line in process.stdout:
+            if ready in line:
+                yield process, line.strip()
+                break
+            if time.monotonic() > deadline:
+                break
+        else:
+            pytest.fail(
+                f"modeltap {' '.join(argv)} exited: {process.stderr.read() if process.stderr else ''}"
+            )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_show_export_on_an_openai_sdk_session(
+    vllm: OpenAILikeStandIn,
+    threaded_proxy: Callable[..., Any],
+    store_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with threaded_proxy(upstream=vllm.url) as proxy:
+        session = proxy.sessions.open(labels={"agent": "openai-sdk"})
+        play(session.host_base_url + "/v1")
+        vllm.inject("400ctx")
+        with pytest.raises(openai.BadRequestError):
+            openai.OpenAI(
+                base_url=session.host_base_url + "/v1", api_key="k", max_retries=0
+            ).chat.completions.create(
+                model="standin-model", messages=[ASK, {"role": "user", "content": "and again"}]
+            )
+    store = str(store_path)
+
+    code, out = run_cli(capsys, "show", session.id[:6], "--store", store)
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == f"session {session.id}: 3 turn(s)  agent=openai-sdk"
+    assert lines[1].startswith("#1  ") and '  tool_calls  → bash({"command": "echo $((6 * 7))"})' in lines[1]
+    assert "    + user       Run `echo $((6 * 7))` and reply with the number." in lines
+    assert any(line.startswith("#2  ") and "chat (stream)  200" in line and "stop" in line for line in lines)
+    assert any(
+        line.startswith("    + tool       ⇐ chatcmpl-tool-") and line.endswith(": 42") for line in lines
+    )
+    assert "    ← reply      42" in lines
+    assert any(
+        "400" in line and "model_fault: This model's maximum context length is 8192" in line for line in lines
+    )
+
+    code, out = run_cli(capsys, "show", session.id, "2", "--full", "--json", "--store", store)
+    turn = json.loads(out)
+    assert (turn["turn"], turn["continues"], turn["streamed"], turn["reply"]) == (2, 1, True, "42")
+    assert [m["role"] for m in turn["new_messages"]] == ["assistant", "tool"]
+    assert turn["request"]["stream_options"] == {"include_usage": True}
+    assert turn["response"]["usage"]["completion_tokens"] == turn["completion_tokens"] > 0
+
+    har_path = tmp_path / "s.har"
+    assert (
+        run_cli(capsys, "export", session.id, "--format", "har", "-o", str(har_path), "--store", store)[0]
+        == 0
+    )
+    entries = json.loads(har_path.read_text())["log"]["entries"]
+    assert [e["response"]["status"] for e in entries] == [200, 200, 400]
+    content = entries[1]["response"]["content"]
+    assembler = StreamAssembler("chat")
+    assembler.feed(content["text"].encode())
+    assert content["mimeType"] == "text/event-stream"
+    assert assembler.result().body == records(store_path, session.id)[1]["response"]
+
+    code, out = run_cli(capsys, "export", session.id, "--format", "messages", "--store", store)
+    exported = json.loads(out)
+    assert [m["role"] for m in exported["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert exported["messages"][1]["tool_calls"][0]["function"]["name"] == "bash"
+    assert exported["messages"][-1]["content"] == "42" and exported["tools"] == [BASH]
+
+    code, out = run_cli(capsys, "export", session.id, "--format", "jsonl", "--store", store)
+    assert [json.loads(line)["format_version"] for line in out.splitlines()] == [1, 1, 1]
+
+
+def answers_41(conversation: Conversation) -> Reply:
+    """A different model: the same tool call, then the wrong number."""
+    return Reply(text="41") if conversation.tool_results else shell_arithmetic(conversation)
+
+
+def test_replay_shows_what_another_upstream_answers_differently(
+    vllm: OpenAILikeStandIn,
+    threaded_proxy: Callable[..., Any],
+    store_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    session_id = record_session(threaded_proxy, vllm)
+    store = str(store_path)
+
+    code, out = run_cli(capsys, "replay", session_id, "--upstream", vllm.url, "--store", store)
+    assert code == 0 and "2 turn(s) replayed, 0 differ" in out, out
+    assert len(vllm.model_requests) == 4  # recorded twice, replayed twice
+
+    with OpenAILikeStandIn(script=answers_41) as other:
+        code, out = run_cli(
+            capsys, "replay", session_id, "--upstream", other.url, "--turn", "2", "--store", store
+        )
+        assert code == 1
+        assert "turn 2  chat  /s/…/v1/chat/completions  differs: content" in out
+        assert "      -42" in out and "      +41" in out
+        [replayed] = other.model_requests
+        assert replayed.body["stream"] is True and replayed.body["messages"][-1]["role"] == "tool"
+        code, out = run_cli(capsys, "replay", session_id, "--upstream", other.url, "--json", "--store", store)
+    doc = json.loads(out)
+    assert code == 1 and [t["differs"] for t in doc["turns"]] == [[], ["content"]]
+    with StoreReader(store_path) as reader:
+        replays = [s for s in reader.sessions() if s["labels"].get("replay_of") == session_id]
+    assert [s["exchanges"] for s in replays] == [2, 1, 2]  # each replay is a session of its own
+    assert doc["replay_session"] == replays[-1]["id"]
+
+
+def test_mock_serves_the_session_to_the_sdk_and_to_replay(
+    vllm: OpenAILikeStandIn,
+    threaded_proxy: Callable[..., Any],
+    store_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    session_id = record_session(threaded_proxy, vllm)
+    served = vllm.model_requests
+    with cli_process("mock", "--session", session_id, "--store", str(store_path), ready="listening on") as (
+        _,
+        line,
+    ):
+        url = line.split("listening on ")[1]
+        # Another run of the agent, worded differently: turn order answers it, the stream event by event.
+        other_ask = {"role": "user", "content": "What is 6 * 7? Use the shell."}
+        assert play(url + "/v1", ask=other_ask) == ["bash", {"command": "echo $((6 * 7))"}, "42"]
+        code, out = run_cli(capsys, "replay", session_id, "--upstream", url, "--store", str(store_path))
+        assert code == 0 and "2 turn(s) replayed, 0 differ" in out, out
+    assert vllm.model_requests == served  # the upstream saw nothing of either
+
+
+def test_tail_follows_serve_from_another_process(vllm: OpenAILikeStandIn, store_path: Path) -> None:
+    store = str(store_path)
+    serve = ("serve", "--upstream", vllm.url, "--host", "127.0.0.1", "--port", "0", "--store", store)
+    with cli_process(*serve, ready="modeltap listening on") as (_, line):
+        base = "http://" + line.split("listening on ")[1]
+        with cli_process("tail", "--store", store, ready=None) as (tail, _):
+            assert play(base + "/v1") == ["bash", {"command": "echo $((6 * 7))"}, "42"]
+            assert tail.stdout is not None
+            first, second = tail.stdout.readline(), tail.stdout.readline()
+    assert " #1  chat  200" in first and '→ bash({"command": "echo $((6 * 7))"})' in first
+    assert " #2  chat (stream)  200" in second and "stop" in second
+
+
+def long_tool_loop(turns: int) -> Callable[[Conversation], Reply]:
+    """A model that reads a file per turn for `turns` turns, then answers."""
+
+    def script(conversation: Conversation) -> Reply:
+        done = len(conversation.tool_results)
+        if done >= turns - 1:
+            return Reply(text="All files read.")
+        return Reply(tool_call=ToolCall("bash", {"command": f"cat notes/part{done}.txt"}))
+
+    return script
+
+
+def file_text(n: int, words: int = 170) -> str:
+    vocabulary = (
+        "the proxy records every turn of an agent run with its tools tokens timing and errors".split()
+    )
+    return " ".join(f"{vocabulary[(n * 7 + i * 3) % len(vocabulary)]}{(n + i) % 97}" for i in range(words))
+
+
+async def test_a_long_session_costs_about_its_final_conversation(
+    make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    """Issue 8: a recorded 50-turn session of about 20k tokens takes at most 1.5x its final size."""
+    turns = 50
+    with OpenAILikeStandIn(script=long_tool_loop(turns)) as upstream:
+        async with make_proxy(upstream=upstream.url) as proxy:
+            session = proxy.sessions.open()
+            client = openai.AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="k", max_retries=0)
+            history: list[dict[str, Any]] = [{"role": "system", "content": file_text(999, 1400)}, ASK]
+            for turn in range(turns):
+                reply = await client.chat.completions.create(
+                    model="standin-model",
+                    messages=history,
+                    tools=[BASH],
+                    stream=turn % 2 == 1,
+                    **({"stream_options": {"include_usage": True}} if turn % 2 else {}),
+                )
+                if turn % 2:
+                    chunks = [chunk async for chunk in reply]
+                    calls = [
+                        c.choices[0].delta.tool_calls
+                        for c in chunks
+                        if c.choices and c.choices[0].delta.tool_calls
+                    ]
+                    if not calls:
+                        break
+                    call = calls[0][0]
+                    message = {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": call.id,
+                                "type": "function",
+                                "function": {
+                                    "name": call.function.name,
+                                    "arguments": "".join(c[0].function.arguments or "" for c in calls),
+                                },
+                            }
+                        ],
+                    }
+                else:
+                    if not reply.choices[0].message.tool_calls:
+                        break
+                    message = reply.choices[0].message.model_dump(exclude_none=True)
+                history.append(message)
+                call_id = message["tool_calls"][0]["id"]
+                history.append({"role": "tool", "tool_call_id": call_id, "content": file_text(turn)})
+            await client.close()
+    rows = records(store_path, session.id)
+    with StoreReader(store_path) as reader:
+        stored = reader.size_bytes()["total"]
+    final = len(json.dumps(rows[-1]["request"]).encode()) + len(json.dumps(rows[-1]["response"]).encode())
+    naive = sum(
+        len(json.dumps(r["request"]).encode()) + len(json.dumps(r["response"]).encode()) for r in rows
+    )
+    tokens = rows[-1]["prompt_tokens"]
+    on_disk = await asyncio.to_thread(os.path.getsize, store_path)  # SQLite pages included
+    print(
+        f"\n{len(rows)} turns, final prompt {tokens} tokens: final conversation {final} B, stored {stored} B "
+        f"({stored / final:.2f}x; the database file {on_disk} B), naive {naive} B ({naive / final:.1f}x)"
+    )
+    assert len(rows) == turns and 18_000 <= tokens <= 24_000
+    assert stored <= 1.5 * final < naive / 10
+
+
+@pytest.mark.agents
+async def test_opencode_session_shown_exported_mocked_and_replayed(
+    vllm: OpenAILikeStandIn,
+    make_proxy: Callable[..., Proxy],
+    store_path: Path,
+    tmp_path: Path,
+    aiohttp_server: Any,
+) -> None:
+    workdir = tmp_path / "project"
+    async with make_proxy(upstream=vllm.url) as proxy:
+        session = proxy.sessions.open(labels={"agent": "opencode"})
+        run = await arun_opencode(session.host_base_url + "/v1", "sk-opencode", workdir)
+        assert run.exit_code == 0 and run.final_text == "42", run.describe()
+    rows = records(store_path, session.id)
+    assert len(rows) == 3 and all(r["streamed"] for r in rows)
+
+    title, first, second = turns(rows)
+    assert title["reply"] and first["tool_calls"][0]["name"] == "bash"
+    assert second["continues"] == 2 and [m["role"] for m in second["new_messages"]] == ["assistant", "tool"]
+    assert second["tool_results"][0]["content"].strip() == "42" and second["reply"] == "42"
+    exported = conversation(rows)
+    assert [m["role"] for m in exported["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert {t["function"]["name"] for t in exported["tools"]} >= {"bash", "read", "edit"}
+
+    # opencode again, against the mock of its own recording: every answer comes from the record.
+    server = await aiohttp_server(mock_app(load_mock(store_path, session=session.id)))
+    again = await arun_opencode(str(server.make_url("/v1")), "sk-offline", workdir)
+    assert again.exit_code == 0 and again.final_text == "42", again.describe()
+    assert len(vllm.model_requests) == 3
+
+    async with make_proxy(upstream=vllm.url, sync=True) as proxy:
+        replayed = proxy.sessions.open(labels={"replay_of": session.id})
+        comparisons = await replay(store_path, session.id, replayed.host_base_url, replay_session=replayed.id)
+    assert [c["differs"] for c in comparisons] == [[], [], []]
