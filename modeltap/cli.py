@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from modeltap import __version__
+from modeltap.compat import doctor
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
@@ -199,6 +200,15 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
     _store_option(ui)
 
+    doctor_ = _command(
+        commands,
+        "doctor",
+        _doctor,
+        "check an AReaL experiment config for the pitfalls that cost GPU days",
+        "example:\n  modeltap doctor grpo.yaml ++rollout.agent.admin_api_key=$KEY --gpu-memory-gb 24",
+    )
+    doctor.add_arguments(doctor_)
+
     demo = _command(
         commands,
         "demo",
@@ -363,6 +373,26 @@ async def _serve_app_until_signalled(app: web.Application, host: str, port: int,
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    findings = doctor.check(
+        doctor.load_config(args.config, args.overrides),
+        env=os.environ,
+        bundle_tasks=_bundle_tasks,
+        gpu_memory_gb=args.gpu_memory_gb,
+        token_counter_kwargs=args.chat_template_kwargs,
+        areal_version=args.areal_version,
+    )
+    print(doctor.render(findings, args.json))
+    return doctor.exit_code(findings)
+
+
+def _bundle_tasks(path: str) -> dict[str, float]:
+    """{task id: timeout} of a bundle, for doctor (compat cannot import the adapter)."""
+    from modeltap.adapter import load_bundle
+
+    return {task.id: task.timeout_s for task in load_bundle(path).tasks.values()}
 
 
 def _demo(args: argparse.Namespace) -> int:
