@@ -206,19 +206,25 @@ def _latency_sections(results: dict[str, Any], ok: list[dict[str, Any]]) -> list
 
 
 def _throughput_section(ok: list[dict[str, Any]]) -> list[str]:
-    out = ["", "## Throughput (req/s), errors, the proxy's CPU per request, peak RSS", ""]
+    out = ["", "## Throughput (req/s), errors, the proxy's CPU per request (ms), peak RSS", ""]
     rows = [
         [
             r["name"],
             *[fmt(_metric(r, s, "rps"), 0) for s in THROUGHPUT_SCENARIOS],
             str(sum(v["errors"] for v in r["scenarios"].values())),
+            *[fmt(_metric(r, s, "cpu_ms_per_request"), 3) for s in CPU_SCENARIOS],
             fmt(r.get("peak_rss_mb"), 1),
         ]
         for r in ok
     ]
-    return out + table(
-        ["config", *[f"{s} req/s" for s in THROUGHPUT_SCENARIOS], "errors", "peak RSS MB"], rows
-    )
+    header = [
+        "config",
+        *[f"{s} req/s" for s in THROUGHPUT_SCENARIOS],
+        "errors",
+        *[f"CPU {s}" for s in CPU_SCENARIOS],
+        "peak RSS MB",
+    ]
+    return out + table(header, rows)
 
 
 def _direct_ratio_section(results: dict[str, Any], ok: list[dict[str, Any]]) -> list[str]:
