@@ -35,7 +35,7 @@ from modeltap.proxy.errors import (
     UpstreamUnreachable,
     error_bytes,
 )
-from modeltap.proxy.routes import Dialect, Endpoint, Route, dialect_for_path, resolve
+from modeltap.proxy.routes import Dialect, Endpoint, Route, dialect_for_path, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.sse import StreamAssembler
 from modeltap.proxy.upstream import Reply, Upstream
@@ -86,9 +86,10 @@ class Target:
 async def handle(request: web.Request) -> web.StreamResponse:
     """The aiohttp handler for every relayed path."""
     ctx = request.app[CONTEXT]
+    token = session_token(request.path)
     ex = Exchange(
         method=request.method,
-        path=request.path_qs,
+        path=_recorded_path(request, token),
         user_agent=request.headers.get(hdrs.USER_AGENT),
         retry_count=retry_count(request.headers),
     )
@@ -104,13 +105,14 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
     try:
         route = resolve(request.path)
-        if route.session_token:
-            ex.path = request.path_qs.replace(route.session_token, "…")
         dialect = route.endpoint.dialect
         ex.endpoint = route.endpoint.value
         response = await _exchange(ctx, request, route, ex, record)
         ex.status = ex.status or response.status
     except ProxyError as err:
+        if ex.session_id is None:
+            # A session asking for a control route is worth finding in its own records.
+            _note_session(ex, ctx.sessions.by_token(token or presented_key(request.headers) or ""))
         response = _error_response(err, dialect, ex)
     except asyncio.CancelledError:
         # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
@@ -134,7 +136,7 @@ async def _exchange(
         raise MethodNotAllowed(f"use {endpoint.method} for {endpoint.value}, not {request.method}")
     target = _identify(ctx, request, route)
     if target.session is not None:
-        ex.session_id, ex.labels = target.session.id, dict(target.session.labels)
+        _note_session(ex, target.session)
     else:
         ex.session_id = _session_hint(request)
     body = await _read_body(ctx, request, ex) if endpoint.method == "POST" else None
@@ -207,6 +209,19 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
         "session base URL printed by `modeltap serve` (…/s/TOKEN), or open a session with "
         "POST /_modeltap/sessions"
     )
+
+
+def _recorded_path(request: web.Request, token: str | None) -> str:
+    """The path for the record: decoded, so that a token sent percent-encoded is masked too, with the
+    query as sent."""
+    path = request.path.replace(token, "…") if token else request.path
+    query = request.rel_url.raw_query_string
+    return f"{path}?{query}" if query else path
+
+
+def _note_session(ex: Exchange, session: Session | None) -> None:
+    if session is not None:
+        ex.session_id, ex.labels = session.id, dict(session.labels)
 
 
 def _session_hint(request: web.Request) -> str:

@@ -123,6 +123,17 @@ def resolve(path: str) -> Route:
     )
 
 
+def session_token(path: str) -> str | None:
+    """The token of an `/s/TOKEN/` prefix of `path`, or None. Known before the path is routed, so that
+    a request that cannot be routed is still masked in its record and tagged with its session.
+
+    >>> session_token("/s/" + "A" * 43 + "/rl/set_reward") == "A" * 43
+    True
+    """
+    match = _SESSION_PREFIX.match(path.strip("/"))
+    return match.group(1) if match else None
+
+
 def _shown(path: str, token: str | None) -> str:
     """The path with any session token masked, for error messages and logs."""
     return path.replace(token, "…") if token else path
