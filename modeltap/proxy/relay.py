@@ -71,6 +71,9 @@ RESPONSE_TEXT_MAX_CHARS = 16 * 1024
 _SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
 _HINT_SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 ANONYMOUS_SESSION = "default"
+_SESSION_GONE = (
+    "this session token is unknown, expired or closed: ask whoever gave you the URL for a new session"
+)
 
 
 @dataclass(slots=True)
@@ -183,13 +186,13 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
     if route.session_token is not None:
         session = ctx.sessions.by_token(route.session_token)
         if session is None:
-            raise Unauthorized(
-                "this session token is unknown, expired or closed: ask whoever gave you the URL for a "
-                "new session"
-            )
+            raise Unauthorized(_SESSION_GONE)
     else:
         presented = presented_key(request.headers)
         session = ctx.sessions.by_token(presented) if presented else None
+        # A closed session's token is not the client's own key: passing it upstream would leak it.
+        if session is None and presented and ctx.sessions.was_closed(presented):
+            raise Unauthorized(_SESSION_GONE)
     if session is not None:
         url = session.upstream or config.upstream
         key = session.upstream_key if session.upstream_key is not None else config.upstream_key

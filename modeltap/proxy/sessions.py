@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 # 32 random bytes: 256 bits, URL-safe, 43 characters (DESIGN §3.1 asks for 128 bits or more).
 TOKEN_BYTES = 32
+# Tokens of closed sessions are remembered, so that one presented later as an API key gets a closed
+# session's 401 instead of passing upstream as if it were the client's own key. At ~170 bytes each
+# (measured with tracemalloc) this bounds the memory to ~11 MB; a token older than that many closes
+# falls back to the anonymous rules.
+CLOSED_TOKENS_MAX = 65536
 
 
 @dataclass(slots=True)
@@ -56,6 +62,7 @@ class SessionRegistry:
         self._on_change = on_change
         self._by_token: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
+        self._closed_tokens: OrderedDict[str, None] = OrderedDict()
 
     def open(
         self,
@@ -91,6 +98,9 @@ class SessionRegistry:
         if session is None:
             return False
         del self._by_token[session.token]
+        self._closed_tokens[session.token] = None
+        if len(self._closed_tokens) > CLOSED_TOKENS_MAX:
+            self._closed_tokens.popitem(last=False)
         if self._on_change is not None:
             self._on_change(session, True)
         return True
@@ -107,6 +117,10 @@ class SessionRegistry:
             return None
         session.last_used = now
         return session
+
+    def was_closed(self, token: str) -> bool:
+        """Whether `token` was the token of a session that has since closed or expired."""
+        return token in self._closed_tokens
 
     def expire(self) -> list[str]:
         """Close every session idle longer than the TTL; return their ids."""
