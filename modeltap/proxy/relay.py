@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
@@ -158,10 +159,12 @@ async def _exchange(
         reply = await target.upstream.send(
             endpoint,
             request.method,
-            request.query_string,
+            # As sent: the decoded form would turn an encoded `&`, `#` or CRLF into syntax.
+            request.rel_url.raw_query_string,
             _upstream_headers(request, target, endpoint.dialect is Dialect.ANTHROPIC),
             payload,
-            f"/{route.model_id}" if route.model_id else "",
+            # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
+            f"/{quote(route.model_id, safe='')}" if route.model_id else "",
         )
     except NotFound:
         if endpoint is Endpoint.MODELS:
