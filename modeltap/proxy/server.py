@@ -15,11 +15,13 @@ import asyncio
 import contextlib
 import enum
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from modeltap.proxy import admin, network, relay
 from modeltap.proxy.config import ProxyConfig
@@ -38,6 +40,26 @@ EXPIRY_SWEEP_MAX_S = 60.0
 SHUTDOWN_TIMEOUT_S = 10.0
 
 BaseUrls = Callable[[], tuple[str, str | None]]
+# aiohttp's own log of the connections it serves. It is not aiohttp.server, because that one echoes the
+# bytes of a request it cannot parse, which may hold a session token (`/s/TOKEN`, a Bearer header).
+_HTTP_LOG = logging.getLogger("modeltap.proxy.http")
+# Where aiohttp's parse error messages start quoting the request's bytes.
+_ECHO = re.compile(r"\s*b?['\"].*")
+
+
+class _DropRequestEcho(logging.Filter):
+    """Logs an unparsable request with the parser's reason but none of the request's bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            reason = _ECHO.sub("", (exc.message or "").partition("\n")[0]).rstrip(":")
+            record.msg = f"{record.getMessage()}: {type(exc).__name__} {exc.code}: {reason}"
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+_HTTP_LOG.addFilter(_DropRequestEcho())
 
 
 def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.Application:
@@ -176,6 +198,7 @@ class Proxy:
                 # aiohttp arms this timer when a connection opens, so a client that never completes its
                 # headers (slowloris) is dropped after it too, not only an idle keep-alive connection.
                 keepalive_timeout=self.config.client_timeout_s,
+                logger=_HTTP_LOG,
             )
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
