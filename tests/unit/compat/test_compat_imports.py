@@ -10,6 +10,7 @@ MODULES = [
     "modeltap.compat.areal",
     "modeltap.compat.clients",
     "modeltap.compat.doctor",
+    "modeltap.compat.hydra",
     "modeltap.compat.layouts",
 ]
 

@@ -483,17 +483,17 @@ def test_interpolations_resolve(tmp_path):
     loop: "${loop}"
     rel: "${oc.decode:1}"
     """
-    from modeltap.compat.doctor import _Config, _Unresolved
+    from modeltap.compat.hydra import Config, Unresolved
 
-    config = _Config(load_config(write(tmp_path, text.replace("\n    ", "\n"))), {"NAME": "n"})
+    config = Config(load_config(write(tmp_path, text.replace("\n    ", "\n"))), {"NAME": "n"})
     assert config.get("a.c") == 4
     assert config.get("a.d") == "x-4-n"
     assert config.get("a.e") == 4
     assert config.get("a.f.g") == 4
     assert config.get("h") == 4
-    with pytest.raises(_Unresolved, match="cycle"):
+    with pytest.raises(Unresolved, match="cycle"):
         config.get("loop")
-    with pytest.raises(_Unresolved, match="resolver"):
+    with pytest.raises(Unresolved, match="resolver"):
         config.get("rel")
 
 
