@@ -12,6 +12,7 @@ const state = {
   sessionKey: null,    // what the selected session looked like when its turns were fetched
   turns: [],
   open: new Set(),     // turn numbers whose detail is shown
+  full: new Map(),     // turn number -> its full request and response, once fetched
 };
 
 function el(tag, attrs = {}, ...children) {
@@ -85,7 +86,10 @@ function sessionKey(id) {
 }
 
 async function selectSession(id) {
-  if (state.selected !== id) state.open.clear();
+  if (state.selected !== id) {
+    state.open.clear();
+    state.full.clear();
+  }
   state.selected = id;
   location.hash = `session=${encodeURIComponent(id)}`;
   for (const item of document.querySelectorAll(".session-item")) {
@@ -224,7 +228,8 @@ function renderDetail(t) {
     t.continues != null && t.continues !== t.turn - 1 ? `continues #${t.continues}` : null,
     t.user_agent ? `client ${t.user_agent}` : null,
   ].filter(Boolean);
-  const full = el("div", {});
+  const full = el("div", { class: "full-bodies" });
+  if (state.full.has(t.turn)) fillFull(full, state.full.get(t.turn));
   const detail = el(
     "div",
     { class: "detail" },
@@ -251,6 +256,11 @@ function pretty(value) {
 
 async function showFull(number, target) {
   const turn = await getJSON(`/api/sessions/${encodeURIComponent(state.selected)}/turns/${number}`);
+  state.full.set(number, turn);
+  fillFull(target, turn);
+}
+
+function fillFull(target, turn) {
   target.replaceChildren(
     ...section("Request", el("pre", { text: pretty(turn.request) })),
     ...section("Sent upstream (clamped)", ...(turn.sent ? [el("pre", { text: pretty(turn.sent) })] : [])),

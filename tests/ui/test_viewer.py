@@ -1,0 +1,159 @@
+"""modeltap/records/ui: the local viewer in headless Chromium on a session the openai SDK recorded
+through a real Proxy, and its API. Screenshots land in tests/artifacts/ui/."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.server import Proxy
+from modeltap.records.ui import viewer_app
+from tests.standins.openai_like import OpenAILikeStandIn
+from tests.ui.browser import Browser
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "ui"
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+ASK = {"role": "user", "content": "Run `echo $((6 * 7))` and reply with the number."}
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    return tmp_path / "records.db"
+
+
+@pytest.fixture
+def vllm() -> Iterator[OpenAILikeStandIn]:
+    with OpenAILikeStandIn() as upstream:
+        yield upstream
+
+
+async def agent_turns(client: openai.AsyncOpenAI) -> None:
+    """The SDK's tool loop: a tool call, then the streamed answer once the result is in."""
+    first = await client.chat.completions.create(model="standin-model", messages=[ASK], tools=[BASH])
+    call = first.choices[0].message.tool_calls[0]
+    history = [ASK, first.choices[0].message.model_dump(exclude_none=True)]
+    history.append({"role": "tool", "tool_call_id": call.id, "content": "42\n"})
+    stream = await client.chat.completions.create(
+        model="standin-model", messages=history, tools=[BASH], stream=True
+    )
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "42"
+
+
+async def test_viewer_shows_a_session_its_tool_calls_and_errors_and_updates_live(
+    vllm: OpenAILikeStandIn, store_path: Path, aiohttp_server: Callable[..., Any]
+) -> None:
+    async with Proxy(_config(vllm, store_path, sync=True)) as proxy:
+        session = proxy.sessions.open(labels={"agent": "openai-sdk"})
+        client = openai.AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="k", max_retries=0)
+        await agent_turns(client)
+        vllm.inject("400ctx")
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(model="standin-model", messages=[ASK])
+        server: TestServer = await aiohttp_server(viewer_app(store_path))
+
+        async with Browser() as browser:
+            await browser.goto(str(server.make_url("/")))
+            item = f'[data-session-id="{session.id}"]'
+            await browser.wait_for(f"document.querySelector('{item}') !== null")
+            assert "agent=openai-sdk" in await browser.text(item)
+            await browser.click(item)
+            await browser.wait_for("document.querySelectorAll('.turn').length === 3")
+            row = await browser.text('.turn[data-turn="1"] .turn-row')
+            assert "#1" in row and "200" in row and "tool_calls" in row
+            assert '→ bash({"command": "echo $((6 * 7))"})' in row
+            widths = await browser.evaluate(
+                "[...document.querySelectorAll('.bar span')].map(s => s.style.width)"
+            )
+            assert any(w not in ("0%", "") for w in widths)  # token and latency bars are drawn
+            await browser.screenshot(ARTIFACTS / "viewer-timeline.png")
+
+            await browser.click('.turn[data-turn="1"] .turn-row')
+            call = await browser.wait_for("document.querySelector('.detail .tool-call')?.innerText")
+            assert "bash" in call and '"command": "echo $((6 * 7))"' in call
+            await browser.click('.turn[data-turn="2"] .turn-row')
+            detail = await browser.wait_for(
+                "document.querySelector('.turn[data-turn=\"2\"] .detail')?.textContent"
+            )
+            assert "Tool results" in detail and "42" in detail and "Reply" in detail
+            await browser.click('.turn[data-turn="3"] .turn-row')
+            error = await browser.wait_for(
+                "document.querySelector('.turn[data-turn=\"3\"] .error-box')?.innerText"
+            )
+            assert "model_fault" in error and "maximum context length is 8192" in error
+            await browser.click('.turn[data-turn="1"] .full')
+            full = await browser.wait_for(
+                "document.querySelector('.turn[data-turn=\"1\"] .full-bodies')?.textContent"
+            )
+            assert "Request" in full and '"messages": [' in full and '"finish_reason": "tool_calls"' in full
+            await browser.screenshot(ARTIFACTS / "viewer-turns.png")
+
+            # Live: a new turn of the open session and a new session show up without a reload.
+            await client.chat.completions.create(
+                model="standin-model", messages=[ASK, {"role": "user", "content": "again"}]
+            )
+            await browser.wait_for("document.querySelectorAll('.turn').length === 4")
+            other = proxy.sessions.open(labels={"agent": "second"})
+            second = openai.AsyncOpenAI(base_url=other.host_base_url + "/v1", api_key="k", max_retries=0)
+            await second.chat.completions.create(model="standin-model", messages=[ASK])
+            await browser.wait_for(f"document.querySelector('[data-session-id=\"{other.id}\"]') !== null")
+            # What was open stays open, full bodies included.
+            assert '"finish_reason": "tool_calls"' in await browser.text('.turn[data-turn="1"] .full-bodies')
+            await browser.screenshot(ARTIFACTS / "viewer-live.png")
+            assert browser.errors == []
+        await client.close()
+        await second.close()
+
+
+async def test_api_waits_for_records_exports_and_answers_only_loopback_names(
+    vllm: OpenAILikeStandIn, store_path: Path, aiohttp_client: Callable[..., Any]
+) -> None:
+    client: TestClient = await aiohttp_client(viewer_app(store_path))
+    waiting = await (await client.get("/api/sessions")).json()
+    assert waiting == {"store": str(store_path), "waiting": True, "sessions": []}
+
+    async with Proxy(_config(vllm, store_path)) as proxy:
+        session = proxy.sessions.open()
+        sdk = openai.AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="k", max_retries=0)
+        await agent_turns(sdk)
+        await sdk.close()
+
+    listed = await (await client.get("/api/sessions")).json()
+    assert [s["id"] for s in listed["sessions"]] == [session.id] and listed["waiting"] is False
+    turns = (await (await client.get(f"/api/sessions/{session.id}/turns")).json())["turns"]
+    assert [t["finish_reason"] for t in turns] == ["tool_calls", "stop"] and "request" not in turns[0]
+    full = await (await client.get(f"/api/sessions/{session.id}/turns/2")).json()
+    assert full["request"]["stream"] is True and full["response"]["choices"][0]["message"]["content"] == "42"
+    assert (await client.get(f"/api/sessions/{session.id}/turns/3")).status == 404
+
+    har = await client.get(f"/api/sessions/{session.id}/export/har")
+    assert har.headers["Content-Disposition"] == f'attachment; filename="{session.id}.har"'
+    assert len(json.loads(await har.text())["log"]["entries"]) == 2
+    messages = await client.get(f"/api/sessions/{session.id}/export/messages")
+    assert json.loads(await messages.text())["messages"][-1] == {"role": "assistant", "content": "42"}
+    assert (await client.get(f"/api/sessions/{session.id}/export/csv")).status == 404
+    assert "app.js" in await (await client.get("/")).text()
+
+    # A page on another origin that rebinds its name to 127.0.0.1 cannot read the records.
+    rebound = await client.get("/api/sessions", headers={"Host": "attacker.example:80"})
+    assert rebound.status == 421
+
+
+def _config(vllm: OpenAILikeStandIn, store_path: Path, **overrides: Any) -> ProxyConfig:
+    return ProxyConfig(upstream=vllm.url, host="127.0.0.1", port=0, store=str(store_path), **overrides)
