@@ -6,8 +6,9 @@ exactly. Does not own: the limits or what to do when a prompt does not fit (budg
 the count off the event loop (budget.py calls `count` through `asyncio.to_thread`).
 
 How a count is made (shared/reference/token-budgets.md §5):
-1. the body is normalised the way the backend does it (`_chat_prompt`, `_responses_prompt`,
-   `_anthropic_prompt`) and rendered with `apply_chat_template(..., tokenize=False)`;
+1. the body is normalised the way the backend does it (`_normalise_message`, `_typed_messages`,
+   `_responses_messages`, `_anthropic_prompt`) and rendered with `apply_chat_template(...,
+   tokenize=False)`, the render every server does too and most of a cached count's cost;
 2. the text is split at the tokenizer's added tokens (`<|im_start|>`, `<tool_call>`, ...), which every
    Hugging Face tokenizer matches before anything else, so each piece between them encodes on its
    own exactly as inside the whole text;
@@ -101,7 +102,7 @@ class TokenCounter:
 
     >>> counter = TokenCounter.load("/models/qwen2.5", {"enable_thinking": False})
     >>> counter.count(Endpoint.CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-    9
+    13
 
     Thread-safe: `count` may run in several worker threads at once.
     """
@@ -479,8 +480,9 @@ _TRUNCATED_TOOL_NAME_CHARS = 55
 _CONVERTED_SYSTEM_NOTE = (
     "Operator note (not from the user): the following was originally a mid-conversation system-role reminder."
 )
-# The models LiteLLM 1.104.9's map flags `supports_mid_conversation_system`, without the provider or
-# region prefix ("us.anthropic."); Claude Code's default model is among them (agent-clients.md).
+# The models LiteLLM 1.104.9's map flags `supports_mid_conversation_system`, without a provider or
+# region prefix ("vertex_ai/", "us.anthropic."); Claude Code's default model is among them
+# (agent-clients.md). A prefixed name the map does not list is counted as if it did.
 _MID_CONVERSATION_SYSTEM_MODELS = frozenset(
     {
         "claude-fable-5",
@@ -502,7 +504,7 @@ def _anthropic_prompt(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[
     model = str(body.get("model") or "")
     keeps_cache_control = _consumes_cache_control(model)
     ordered = body["messages"]
-    if model.rsplit("anthropic.", 1)[-1] not in _MID_CONVERSATION_SYSTEM_MODELS:
+    if model.rsplit("/", 1)[-1].rsplit("anthropic.", 1)[-1] not in _MID_CONVERSATION_SYSTEM_MODELS:
         ordered = _with_mid_conversation_systems_converted(ordered)
     messages: list[dict[str, Any]] = []
     for message in ordered:

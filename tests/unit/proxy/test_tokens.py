@@ -187,32 +187,38 @@ def test_qwen_counts_through_tiktoken(unverified: TokenCounter) -> None:
 # --- normalisation the backends do --------------------------------------------------------------
 
 
-def test_template_kwargs_configured_and_per_request(qwen: PreTrainedTokenizerBase) -> None:
+def test_template_kwargs_configured_and_per_request(
+    qwen: PreTrainedTokenizerBase, unverified: TokenCounter
+) -> None:
     messages = [{"role": "user", "content": "hi"}]
     thinking_off = reference(qwen, messages, enable_thinking=False)
     assert thinking_off == reference(qwen, messages) + len(qwen.encode("<think>\n\n</think>\n\n"))
     body = {"messages": messages}
-    assert TokenCounter(qwen, {"enable_thinking": False}).count(Endpoint.CHAT, body) == thinking_off
+    configured = TokenCounter(qwen, {"enable_thinking": False}, verify_first=0)
+    assert configured.count(Endpoint.CHAT, body) == thinking_off
     asked = {**body, "chat_template_kwargs": {"enable_thinking": False}}
-    assert TokenCounter(qwen).count(Endpoint.CHAT, asked) == thinking_off
+    assert unverified.count(Endpoint.CHAT, asked) == thinking_off
     # AReaL drops the request's chat_template_kwargs, so against it only the configured ones count.
-    assert TokenCounter(qwen, request_template_kwargs=False).count(Endpoint.CHAT, asked) == reference(
-        qwen, messages
-    )
+    areal = TokenCounter(qwen, request_template_kwargs=False, verify_first=0)
+    assert areal.count(Endpoint.CHAT, asked) == reference(qwen, messages)
 
 
-def test_request_kwargs_cannot_change_how_the_prompt_is_tokenized(qwen: PreTrainedTokenizerBase) -> None:
+def test_request_kwargs_cannot_change_how_the_prompt_is_tokenized(
+    qwen: PreTrainedTokenizerBase, unverified: TokenCounter
+) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"tokenize": True}}
-    assert TokenCounter(qwen).count(Endpoint.CHAT, body) == reference(qwen, body["messages"])
+    assert unverified.count(Endpoint.CHAT, body) == reference(qwen, body["messages"])
 
 
-def test_tool_call_arguments_that_are_not_a_json_object_stay_text(qwen: PreTrainedTokenizerBase) -> None:
+def test_tool_call_arguments_that_are_not_a_json_object_stay_text(
+    qwen: PreTrainedTokenizerBase, unverified: TokenCounter
+) -> None:
     call = {"type": "function", "function": {"name": "f", "arguments": "not json"}}
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    assert TokenCounter(qwen).count(Endpoint.CHAT, {"messages": messages}) == reference(qwen, messages)
+    assert unverified.count(Endpoint.CHAT, {"messages": messages}) == reference(qwen, messages)
 
 
-def test_chat_as_areal_validates_it(qwen: PreTrainedTokenizerBase) -> None:
+def test_chat_as_areal_validates_it(qwen: PreTrainedTokenizerBase, unverified: TokenCounter) -> None:
     # AReaL's proxy validates the body against the openai SDK's types with pydantic: fields they do
     # not declare are dropped and tool definitions take their key order. The reference runs that
     # very validation.
@@ -249,12 +255,14 @@ def test_chat_as_areal_validates_it(qwen: PreTrainedTokenizerBase) -> None:
     ]
     tool_list = list(validated["tools"])
     assert "chat_template_kwargs" not in validated and "reasoning_content" not in messages[1]
-    typed = TokenCounter(qwen, request_template_kwargs=False, openai_typed_chat=True)
+    typed = TokenCounter(qwen, request_template_kwargs=False, openai_typed_chat=True, verify_first=0)
     assert typed.count(Endpoint.CHAT, body) == reference(qwen, messages, tool_list)
-    assert TokenCounter(qwen).count(Endpoint.CHAT, body) != reference(qwen, messages, tool_list)
+    assert unverified.count(Endpoint.CHAT, body) != reference(qwen, messages, tool_list)
 
 
-def test_responses_input_and_instructions_as_areal_converts_them(qwen: PreTrainedTokenizerBase) -> None:
+def test_responses_input_and_instructions_as_areal_converts_them(
+    qwen: PreTrainedTokenizerBase, unverified: TokenCounter
+) -> None:
     body = {
         "model": "m",
         "instructions": "Be brief.",
@@ -281,7 +289,7 @@ def test_responses_input_and_instructions_as_areal_converts_them(qwen: PreTraine
         {"role": "assistant", "content": "ok"},
         {"role": "tool", "content": "42", "tool_call_id": "c1"},
     ]
-    counter = TokenCounter(qwen)
+    counter = unverified
     assert counter.count(Endpoint.RESPONSES, body) == reference(qwen, expected)
     plain = {"model": "m", "input": "hello"}
     assert counter.count(Endpoint.RESPONSES, plain) == reference(qwen, [{"role": "user", "content": "hello"}])
@@ -422,16 +430,18 @@ CONVERTED_TOOLS = [
     ],
 )
 def test_anthropic_request_converted_as_areal_converts_it(
-    qwen: PreTrainedTokenizerBase, model: str, expected: list[dict[str, Any]]
+    qwen: PreTrainedTokenizerBase, unverified: TokenCounter, model: str, expected: list[dict[str, Any]]
 ) -> None:
     body = {**CLAUDE_CODE_TURN, "model": model}
-    counter = TokenCounter(qwen)
+    counter = unverified
     want = reference(qwen, expected, CONVERTED_TOOLS)
     assert counter.count(Endpoint.MESSAGES, body) == want
     assert counter.count(Endpoint.COUNT_TOKENS, {k: v for k, v in body.items() if k != "max_tokens"}) == want
 
 
-def test_anthropic_text_blocks_and_long_tool_names(qwen: PreTrainedTokenizerBase) -> None:
+def test_anthropic_text_blocks_and_long_tool_names(
+    qwen: PreTrainedTokenizerBase, unverified: TokenCounter
+) -> None:
     name = "t" * 70
     body = {
         "model": "policy",
@@ -466,7 +476,7 @@ def test_anthropic_text_blocks_and_long_tool_names(qwen: PreTrainedTokenizerBase
     ]
     short = "t" * 55 + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
     converted = [{"type": "function", "function": {"name": short, "parameters": {"type": "object"}}}]
-    assert TokenCounter(qwen).count(Endpoint.MESSAGES, body) == reference(qwen, expected, converted)
+    assert unverified.count(Endpoint.MESSAGES, body) == reference(qwen, expected, converted)
 
 
 def test_list_content_for_a_template_that_iterates_over_parts(tmp_path: Path) -> None:
