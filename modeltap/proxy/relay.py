@@ -36,7 +36,7 @@ from modeltap.proxy.errors import (
     UpstreamUnreachable,
     error_bytes,
 )
-from modeltap.proxy.routes import Dialect, Endpoint, Route, dialect_for_path, resolve, session_token
+from modeltap.proxy.routes import Dialect, Endpoint, Route, dialect_for_path, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.sse import StreamAssembler
 from modeltap.proxy.upstream import Reply, Upstream
@@ -93,7 +93,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     token = session_token(request.path)
     ex = Exchange(
         method=request.method,
-        path=_recorded_path(request, token),
+        path=_recorded_path(request),
         user_agent=request.headers.get(hdrs.USER_AGENT),
         retry_count=retry_count(request.headers),
     )
@@ -217,10 +217,10 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
     )
 
 
-def _recorded_path(request: web.Request, token: str | None) -> str:
+def _recorded_path(request: web.Request) -> str:
     """The path for the record: decoded, so that a token sent percent-encoded is masked too, with the
     query as sent."""
-    path = request.path.replace(token, "…") if token else request.path
+    path = masked(request.path)
     query = request.rel_url.raw_query_string
     return f"{path}?{query}" if query else path
 

@@ -69,6 +69,9 @@ _CONTROL = re.compile(
     r"|internal(/.*)?)$"
 )
 _SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
+# An `s/TOKEN` pair of segments anywhere in a path: a base URL joined the wrong way round
+# (`/v1/s/TOKEN/...`) carries a token too, though it is not routed as one.
+_SESSION_SEGMENTS = re.compile(r"(?<![^/])s/[A-Za-z0-9_-]{16,128}(?![^/])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,7 @@ def resolve(path: str) -> Route:
     while rest == "v1" or rest.startswith("v1/"):
         rest = rest[3:]
     if ".." in rest.split("/") or "//" in rest:
-        raise NotFound(f"no such endpoint: {_shown(path, token)}")
+        raise NotFound(f"no such endpoint: {masked(path)}")
     if _CONTROL.match(rest):
         raise Forbidden(
             f"modeltap never forwards the trainer's control route /{rest}: an agent must not be able "
@@ -118,7 +121,7 @@ def resolve(path: str) -> Route:
     if rest.startswith("models/") and rest.count("/") == 1:
         return Route(Endpoint.MODELS, token, model_id=rest[len("models/") :])
     raise NotFound(
-        f"no such endpoint: {_shown(path, token)}. modeltap serves chat/completions, completions, "
+        f"no such endpoint: {masked(path)}. modeltap serves chat/completions, completions, "
         "responses, messages, messages/count_tokens, models and embeddings, each with or without /v1"
     )
 
@@ -134,6 +137,10 @@ def session_token(path: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _shown(path: str, token: str | None) -> str:
-    """The path with any session token masked, for error messages and logs."""
-    return path.replace(token, "…") if token else path
+def masked(path: str) -> str:
+    """`path` with every `s/TOKEN` masked, for records, error messages and logs.
+
+    >>> masked("/v1/s/" + "A" * 43 + "/chat/completions")
+    '/v1/s/…/chat/completions'
+    """
+    return _SESSION_SEGMENTS.sub("s/…", path)
