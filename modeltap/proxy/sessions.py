@@ -36,8 +36,9 @@ class Session:
     upstream: str | None
     upstream_key: str | None = field(repr=False)
     labels: dict[str, str]
-    host_base_url: str
-    container_base_url: str | None
+    # The URLs hold the token, so a session logged with %r must not show them either.
+    host_base_url: str = field(repr=False)
+    container_base_url: str | None = field(repr=False)
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
 
