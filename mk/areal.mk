@@ -27,12 +27,13 @@ $(AREAL_STAMP): $(AREAL_PINS) pyproject.toml
 areal-venv: $(AREAL_STAMP)
 
 # --confcutdir: the tier's conftest is self-contained; conftests above tests/areal belong to the main
-# venv's tiers and may import what this venv does not have.
-# The -o: pytest-asyncio 1.5 warns (an error under our filterwarnings) while pyproject.toml leaves
-# asyncio_default_fixture_loop_scope unset.
+# venv's tiers and may import what this venv does not have. `agents` and `dockerd` (mk/install.mk): the
+# tier drives opencode and Claude Code, and plays one task in a container.
+# AREAL_TESTS narrows the run to a file or test id, AREAL_PYTEST_ARGS adds pytest options.
+AREAL_TESTS ?= tests/areal
 AREAL_PYTEST_ARGS ?=
-areal-test: $(AREAL_STAMP)
-	$(AREAL_ENV) $(AREAL_VENV)/bin/python -m pytest tests/areal --confcutdir=tests/areal -p no:cacheprovider \
-	    -o asyncio_default_fixture_loop_scope=function $(AREAL_PYTEST_ARGS)
+areal-test: $(AREAL_STAMP) agents dockerd
+	$(AREAL_ENV) $(AREAL_VENV)/bin/python -m pytest $(AREAL_TESTS) --confcutdir=tests/areal -p no:cacheprovider \
+	    $(AREAL_PYTEST_ARGS)
 
 TEST_TIERS += areal-test
