@@ -10,9 +10,10 @@ stream formats (export.py) or turn views (view.py).
 Mock matching is keyed on the session's turns, not on exact bytes as mitmproxy's replay is (agent
 requests change every run: shared/reference/peer-proxies.md §8.3). A request gets the first not yet
 served recorded exchange on its path whose body matches exactly (a hash of the body less its transport
-fields); failing that, with a session, the next not yet served exchange on its path in turn order.
-Exact matches come first so that a side request sent beside the main loop (opencode's title request)
-gets its own answer. When every exchange on a path has been served, the order starts again, as for a
+fields); failing that, with a session, the next not yet served exchange on its path in turn order,
+preferring one of the same kind (same model and tools). Exact matches and kinds come first so that a
+side request sent beside the main loop (opencode's title request, which offers no tools) gets its own
+answer. When every exchange on a path has been served, the order starts again, as for a
 new run of the agent.
 
     comparisons = await replay(store_path, "s-3f2a", session_base_url, replay_session="replay-1")
@@ -42,6 +43,8 @@ from modeltap.records.view import turn_record
 # bodies without them. Claude Code's `metadata.user_id` holds its run's session id
 # (shared/reference/agent-clients.md), so it differs on every run.
 VOLATILE_FIELDS = frozenset({"stream", "stream_options", "metadata"})
+# What says which kind of request a body is, for turn order: see `shape_digest`.
+SHAPE_FIELDS = ("model", "tools")
 # The Anthropic API requires a version header; records keep no headers but the user agent, so a
 # replay sends the version Claude Code sends (agent-clients.md).
 ANTHROPIC_VERSION = "2023-06-01"
@@ -183,6 +186,7 @@ class _Recorded:
     number: int
     exchange: dict[str, Any]
     digest: str
+    shape: str
     raw_sse: bytes | None
 
 
@@ -212,10 +216,12 @@ class Mock:
         exact = [entry for entry in candidates if entry.digest == digest]
         pick = next((entry for entry in exact if entry.number not in self.served), None)
         if pick is None and self.ordered and candidates:
-            pick = next((entry for entry in candidates if entry.number not in self.served), None)
-            if pick is None:  # every turn on this path was served: a new run of the agent
+            unserved = [entry for entry in candidates if entry.number not in self.served]
+            if not unserved:  # every turn on this path was served: a new run of the agent
                 self.served -= {entry.number for entry in candidates}
-                pick = exact[0] if exact else candidates[0]
+                unserved = exact or candidates
+            shape = shape_digest(body)
+            pick = next((entry for entry in unserved if entry.shape == shape), unserved[0])
         pick = pick or (exact[0] if exact else None)
         if pick is not None:
             self.served.add(pick.number)
@@ -233,7 +239,11 @@ def load_mock(store: Path | str, *, session: str | None = None, realtime: bool =
         exchanges = reader.exchanges(session)
         recorded = [
             _Recorded(
-                n, ex, body_digest(ex.get("request")), reader.raw_sse(ex["id"]) if ex["streamed"] else None
+                n,
+                ex,
+                body_digest(ex.get("request")),
+                shape_digest(ex.get("request")),
+                reader.raw_sse(ex["id"]) if ex["streamed"] else None,
             )
             for n, ex in enumerate(exchanges, 1)
             if ex["endpoint"]
@@ -260,6 +270,13 @@ def body_digest(body: Any) -> str:
         body = {key: value for key, value in body.items() if key not in VOLATILE_FIELDS}
     canonical = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def shape_digest(body: Any) -> str:
+    """A hash of what kind of request a body is: its model and tools. A side request (a title, a
+    summary) offers other tools than the agent's main loop, so it finds its own kind in turn order
+    even when its text changed."""
+    return body_digest({key: body.get(key) for key in SHAPE_FIELDS} if isinstance(body, dict) else None)
 
 
 _MOCK = web.AppKey("mock", Mock)

@@ -112,6 +112,27 @@ async def test_mock_prefers_exact_bodies_then_turn_order_then_starts_over(tmp_pa
         load_mock(path, session="s3")
 
 
+async def test_turn_order_prefers_a_recorded_turn_of_the_same_kind(tmp_path: Path) -> None:
+    tools = {"tools": [{"type": "function", "function": {"name": "bash"}}]}
+    path = await stored(
+        tmp_path / "r.db",
+        chat("s1", "turn one in /tmp/a", "CALL", extra=tools),
+        chat("s1", "title for: turn one in /tmp/a", "TITLE"),
+        chat("s1", "turn two in /tmp/a", "ANSWER", extra=tools),
+    )
+    mock = load_mock(path, session="s1")
+
+    def answer(text: str, **extra: Any) -> str:
+        found = mock.match("POST", "/v1/chat/completions", ask(text, **extra))
+        assert found is not None
+        return str(found.exchange["response"]["choices"][0]["message"]["content"])
+
+    # A new run in another folder: no body matches, and the title request (no tools) races ahead.
+    assert answer("title for: turn one in /tmp/b") == "TITLE"
+    assert answer("turn one in /tmp/b", **tools) == "CALL"
+    assert answer("turn two in /tmp/b", **tools) == "ANSWER"
+
+
 async def test_mock_answers_json_streams_and_errors_in_the_clients_shape(
     tmp_path: Path, aiohttp_client: ClientFactory
 ) -> None:
