@@ -29,13 +29,15 @@ import threading
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import tiktoken
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from modeltap.proxy.routes import Endpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +171,10 @@ class TokenCounter:
         Never downloads. Raises ValueError naming the fix when there is no usable tokenizer there.
         `options` are the constructor's keyword arguments.
         """
+        # transformers takes seconds to import: only a process that loads a tokenizer pays for it,
+        # and budget decisions (budget.py) import this module without it.
+        from transformers import AutoTokenizer
+
         try:
             tokenizer = AutoTokenizer.from_pretrained(path_or_name, local_files_only=True)
         except OSError as exc:
