@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -28,6 +29,7 @@ from modeltap.records.store import StoreReader
 from modeltap.records.view import turns
 from tests.agents import arun_opencode
 from tests.integration.conftest import records
+from tests.standins.anthropic_like import AnthropicLikeStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
 from tests.standins.script import Conversation, Reply, ToolCall, shell_arithmetic
 
@@ -373,3 +375,44 @@ async def test_opencode_session_shown_exported_mocked_and_replayed(
         replayed = proxy.sessions.open(labels={"replay_of": session.id})
         comparisons = await replay(store_path, session.id, replayed.host_base_url, replay_session=replayed.id)
     assert [c["differs"] for c in comparisons] == [[], [], []]
+
+
+async def test_mock_streams_what_the_anthropic_and_responses_sdks_accept(
+    make_proxy: Callable[..., Proxy], store_path: Path, aiohttp_server: Any
+) -> None:
+    """Recorded unstreamed, asked for streamed: the mock re-synthesises each dialect's events, and the
+    real SDKs rebuild from them the very message that was recorded."""
+    bash = {"name": "bash", "description": "shell", "input_schema": BASH["function"]["parameters"]}
+    responses_bash = {"type": "function", "name": "bash", "parameters": BASH["function"]["parameters"]}
+    with AnthropicLikeStandIn() as claude, OpenAILikeStandIn() as vllm:
+        async with make_proxy(upstream=vllm.url) as proxy:
+            session = proxy.sessions.open()
+            claude_session = proxy.sessions.open(upstream=claude.url)
+            async with anthropic.AsyncAnthropic(
+                base_url=claude_session.host_base_url, api_key="k", max_retries=0
+            ) as sdk:
+                recorded_message = await sdk.messages.create(
+                    model="claude-x", max_tokens=256, messages=[ASK], tools=[bash]
+                )
+            async with openai.AsyncOpenAI(
+                base_url=session.host_base_url + "/v1", api_key="k", max_retries=0
+            ) as sdk:
+                recorded_response = await sdk.responses.create(
+                    model="standin-model", input=ASK["content"], tools=[responses_bash]
+                )
+    server = await aiohttp_server(mock_app(await asyncio.to_thread(load_mock, store_path)))
+    async with anthropic.AsyncAnthropic(base_url=str(server.make_url("")), api_key="k", max_retries=0) as sdk:
+        async with sdk.messages.stream(
+            model="claude-x", max_tokens=256, messages=[ASK], tools=[bash]
+        ) as events:
+            streamed_message = await events.get_final_message()
+    assert streamed_message.model_dump() == recorded_message.model_dump()
+    assert streamed_message.content[0].type == "tool_use"
+    async with openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="k", max_retries=0) as sdk:
+        async with sdk.responses.stream(
+            model="standin-model", input=ASK["content"], tools=[responses_bash]
+        ) as events:
+            streamed_response = await events.get_final_response()
+    dump = [item.model_dump(exclude_none=True) for item in streamed_response.output]
+    assert dump == [item.model_dump(exclude_none=True) for item in recorded_response.output]
+    assert streamed_response.output[0].type == "function_call"
