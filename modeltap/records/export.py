@@ -81,10 +81,50 @@ def har(reader: StoreReader, session_id: str) -> dict[str, Any]:
 def _har_entry(
     ex: dict[str, Any], number: int, page: str, raw_sse: Callable[[str], bytes | None]
 ) -> dict[str, Any]:
-    request = ex.get("request")
+    streamed = ex["streamed"] and ex["endpoint"] in CONVERSATIONS and ex.get("response") is not None
+    raw = raw_sse(ex["id"]) if streamed else None
+    wait = _span(ex["started"], ex["first_byte"])
+    receive = _span(ex["first_byte"], ex["ended"])
+    timings = {
+        "blocked": -1,
+        "dns": -1,
+        "connect": -1,
+        "ssl": -1,
+        "send": 0,
+        "wait": wait,
+        "receive": receive,
+    }
+    modeltap = {key: ex[key] for key in _HAR_FIELDS} | {
+        "exchange_id": ex["id"],
+        "turn": number,
+        "stream_source": ("raw" if raw is not None else "resynthesised") if streamed else None,
+        "assembled_response": ex.get("response") if streamed else None,
+        "sent": ex.get("sent"),
+    }
+    return {
+        "pageref": page,
+        "startedDateTime": _iso(ex["started"]),
+        "time": wait + receive,
+        "request": _har_request(ex),
+        "response": _har_response(ex, stream_events(ex, raw) if streamed else None),
+        "cache": {},
+        "timings": timings,
+        "_modeltap": modeltap,
+    }
+
+
+# Record fields a HAR entry carries under `_modeltap`, as they are.
+_HAR_FIELDS = (
+    "session_id", "path", "endpoint", "streamed", "stream_complete", "model", "finish_reason",
+    "prompt_tokens", "completion_tokens", "budget", "error_class", "error_message", "retry_count",
+)  # fmt: skip
+
+
+def _har_request(ex: dict[str, Any]) -> dict[str, Any]:
+    """The request as the client sent it, at the upstream URL it went to (else modeltap's own)."""
     url = ex["upstream_url"] or LOCAL_ORIGIN + ex["path"]
     headers = [{"name": "User-Agent", "value": ex["user_agent"]}] if ex["user_agent"] else []
-    har_request: dict[str, Any] = {
+    out: dict[str, Any] = {
         "method": ex["method"],
         "url": url,
         "httpVersion": "HTTP/1.1",
@@ -94,68 +134,33 @@ def _har_entry(
         "headersSize": -1,
         "bodySize": 0,
     }
+    request = ex.get("request")
     if request is not None:
         text = request if isinstance(request, str) else json.dumps(request, ensure_ascii=False)
-        har_request["postData"] = {"mimeType": "application/json", "text": text}
-        har_request["headers"] = [*headers, {"name": "Content-Type", "value": "application/json"}]
-        har_request["bodySize"] = len(text.encode())
-    streamed = ex["streamed"] and ex["endpoint"] in CONVERSATIONS and ex.get("response") is not None
-    raw = raw_sse(ex["id"]) if streamed else None
-    if streamed:
-        body = b"".join(stream_events(ex, raw)).decode("utf-8", "replace")
-        mime = "text/event-stream"
+        out["postData"] = {"mimeType": "application/json", "text": text}
+        out["headers"] = [*headers, {"name": "Content-Type", "value": "application/json"}]
+        out["bodySize"] = len(text.encode())
+    return out
+
+
+def _har_response(ex: dict[str, Any], events: list[bytes] | None) -> dict[str, Any]:
+    """The response: a stream's SSE text when it was streamed, else the JSON body."""
+    if events is not None:
+        body, mime = b"".join(events).decode("utf-8", "replace"), "text/event-stream"
     else:
         body = json.dumps(ex["response"], ensure_ascii=False) if ex.get("response") is not None else ""
         mime = "application/json"
     size = len(body.encode())
-    wait = _span(ex["started"], ex["first_byte"])
-    receive = _span(ex["first_byte"], ex["ended"])
     return {
-        "pageref": page,
-        "startedDateTime": _iso(ex["started"]),
-        "time": wait + receive,
-        "request": har_request,
-        "response": {
-            "status": ex["status"] or 0,
-            "statusText": _phrase(ex["status"]),
-            "httpVersion": "HTTP/1.1",
-            "cookies": [],
-            "headers": [{"name": "Content-Type", "value": mime}],
-            "content": {"size": size, "mimeType": mime, "text": body},
-            "redirectURL": "",
-            "headersSize": -1,
-            "bodySize": size,
-        },
-        "cache": {},
-        "timings": {
-            "blocked": -1,
-            "dns": -1,
-            "connect": -1,
-            "ssl": -1,
-            "send": 0,
-            "wait": wait,
-            "receive": receive,
-        },
-        "_modeltap": {
-            "exchange_id": ex["id"],
-            "session_id": ex["session_id"],
-            "turn": number,
-            "path": ex["path"],
-            "endpoint": ex["endpoint"],
-            "streamed": ex["streamed"],
-            "stream_complete": ex["stream_complete"],
-            "stream_source": ("raw" if raw is not None else "resynthesised") if streamed else None,
-            "assembled_response": ex.get("response") if streamed else None,
-            "sent": ex.get("sent"),
-            "model": ex["model"],
-            "finish_reason": ex["finish_reason"],
-            "prompt_tokens": ex["prompt_tokens"],
-            "completion_tokens": ex["completion_tokens"],
-            "budget": ex["budget"],
-            "error_class": ex["error_class"],
-            "error_message": ex["error_message"],
-            "retry_count": ex["retry_count"],
-        },
+        "status": ex["status"] or 0,
+        "statusText": _phrase(ex["status"]),
+        "httpVersion": "HTTP/1.1",
+        "cookies": [],
+        "headers": [{"name": "Content-Type", "value": mime}],
+        "content": {"size": size, "mimeType": mime, "text": body},
+        "redirectURL": "",
+        "headersSize": -1,
+        "bodySize": size,
     }
 
 
