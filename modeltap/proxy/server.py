@@ -112,12 +112,15 @@ async def _budget(config: ProxyConfig) -> tuple[Budget | None, str]:
     from modeltap.proxy.budget import Budget, Limits, discover_limits
     from modeltap.proxy.tokens import TokenCounter
 
-    # AReaL drops a request's chat_template_kwargs (areal-proxy-protocol.md §1.1): only ours apply.
+    # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
+    # types, which reorders each tool's keys (areal-proxy-protocol.md §1.1): count what it renders.
+    areal = config.layout == "areal"
     counter = await asyncio.to_thread(
         TokenCounter.load,
         config.tokenizer,
         config.chat_template_kwargs,
-        request_template_kwargs=config.layout != "areal",
+        request_template_kwargs=not areal,
+        openai_typed_chat=areal,
     )
     context_length, source = config.context_length, "--context-length"
     if context_length is None and config.upstream is not None:
