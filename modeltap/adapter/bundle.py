@@ -40,8 +40,9 @@ The format, in full (examples/bundle.toml is a runnable one):
 
 Template variables in `command`, `env` values and helper prompts: ${prompt}, ${task_id}, ${base_url}
 (with the endpoint's suffix), ${api_key}, ${model}, ${workdir}, ${home} (a fresh home directory for the
-run) and ${mount_NAME} (the mount's target in a container, its source on the host). `$$` is a literal
-`$`.
+run) and ${mount_NAME} (the mount's target in a container, its source on the host). Only `${name}` is a
+variable: a bare `$` is left alone, so shell in commands (`$HOME`, `$((6 * 7))`, `$$`) needs no escaping;
+`$${` is a literal `${`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,19 @@ TEMPLATE_VARIABLES = frozenset({"prompt", "task_id", "base_url", "api_key", "mod
 # (shared/reference/areal-proxy-protocol.md §4.3).
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_WORKDIR = "/work"
+
+
+class Template(string.Template):
+    """The bundle's templates: `${name}` is a variable and `$${` a literal `${`; every other `$` stays."""
+
+    pattern = r"""
+    \$(?:
+        (?P<escaped>\$(?=\{))             |  # $${ -> ${
+        \{(?P<braced>[_a-z][_a-z0-9]*)\}   |  # ${name}
+        (?P<named>(?!))                   |  # no bare $name: shell variables pass through
+        (?P<invalid>\{)                      # ${ that is not ${name}
+    )
+    """
 
 
 class BundleError(ValueError):
@@ -311,9 +325,9 @@ def _api_key(entry: _Entry) -> str | None:
 
 
 def _task(entry: _Entry, default_timeout_s: float) -> Task:
-    entry.only("id", "prompt", "solver", "timeout_s", "train", "score", "agents", "checks")
     task_id = entry.text("id")
     entry.name = f"{entry.name} (id {task_id!r})"
+    entry.only("id", "prompt", "solver", "timeout_s", "train", "score", "agents", "checks")
     score = cast(Literal["mean", "all"], entry.choice("score", ("mean", "all")))
     checks = tuple(_check(sub) for sub in entry.array("checks"))
     if not checks:
@@ -466,12 +480,15 @@ class _Entry:
             yield _Entry(self.path, name, value, str(index))
 
     def templated(self, text: str, allowed: frozenset[str] | set[str]) -> None:
-        template = string.Template(text)
+        template = Template(text)
         if not template.is_valid():
-            raise self.error(f"has a malformed ${{…}} in {text!r}; write $$ for a literal $")
+            raise self.error(f"has a malformed ${{…}} in {text!r}; write $${{ for a literal ${{")
         unknown = sorted(set(template.get_identifiers()) - allowed)
         if unknown:
-            raise self.error(f"uses unknown template variable(s) {unknown}; available: {sorted(allowed)}")
+            raise self.error(
+                f"uses unknown template variable(s) {unknown}; available: {sorted(allowed)} "
+                "(write $${ for a literal ${)"
+            )
 
 
 _REQUIRED: Any = object()

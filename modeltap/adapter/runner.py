@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from modeltap.adapter.bundle import Agent, Check, Helper, Judge, Mount, Task
+from modeltap.adapter.bundle import Agent, Check, Helper, Judge, Mount, Task, Template
 from modeltap.adapter.sandbox import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
 
 # What an exception message carries of the run's log: the tail, where the failure is.
@@ -148,7 +148,7 @@ async def _play_in(sandbox: Sandbox, plan: RunPlan) -> RunResult:
     else:
         reward = sum(s * w for s, w in zip(scores, weights, strict=True)) / sum(weights)
     sandbox.logs.append(f"task {task.id!r}: scores {list(scores)} -> reward {reward:g}")
-    return RunResult(float(reward), answer, scores)
+    return RunResult(float(reward), answer, scores, sandbox.logs)
 
 
 def _mounts(plan: RunPlan) -> tuple[Mount, ...]:
@@ -171,9 +171,7 @@ def _solver_url(sandbox: Sandbox, plan: RunPlan) -> str:
 
 async def _run_helper(sandbox: Sandbox, plan: RunPlan, helper: Helper, agent: Agent) -> None:
     own = agent.endpoint
-    prompt = string.Template(helper.prompt).substitute(
-        _variables(sandbox, plan, agent, plan.task.prompt, "", "")
-    )
+    prompt = Template(helper.prompt).substitute(_variables(sandbox, plan, agent, plan.task.prompt, "", ""))
     result = await _run_agent(sandbox, plan, agent, prompt, own.base_url or "", own.api_key or "")
     if result.exit_code != 0:
         raise RunFailed(f"task {plan.task.id!r}: helper {agent.name!r} exited {result.exit_code}")
@@ -185,8 +183,8 @@ async def _run_agent(
     """Run one agent's command with its endpoint in its environment and the template filled in."""
     url = base_url + agent.endpoint.suffix
     variables = _variables(sandbox, plan, agent, prompt, url, api_key)
-    argv = [string.Template(arg).substitute(variables) for arg in agent.command]
-    env = {name: string.Template(value).substitute(variables) for name, value in agent.env.items()}
+    argv = [Template(arg).substitute(variables) for arg in agent.command]
+    env = {name: Template(value).substitute(variables) for name, value in agent.env.items()}
     env.update(dict.fromkeys(agent.endpoint.base_url_vars, url))
     env.update(dict.fromkeys(agent.endpoint.api_key_vars, api_key))
     sandbox.logs.append(f"== {agent.name} (run {plan.run_id}) ==")

@@ -1,0 +1,149 @@
+"""modeltap/adapter/sandbox.py against a real dockerd: labels, mounts, logs, timeouts, guaranteed
+removal and the reaper."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import pytest
+
+from modeltap.adapter.bundle import Mount
+from modeltap.adapter.sandbox import LABEL_OWNER, LABEL_RUN, DockerProvider, SandboxError, SandboxSpec
+
+USR = Mount("usr", Path("/usr"), "/usr")
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll `condition` until it holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"still not true after {timeout_s} s")
+
+
+def run_containers(client: docker.DockerClient, run_id: str) -> list[str]:
+    return [c.id for c in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})]
+
+
+async def test_a_container_is_labelled_runs_commands_with_mounts_and_is_removed_on_close(
+    docker_client: docker.DockerClient, hostroot_image: str, tmp_path: Path
+) -> None:
+    (tmp_path / "input.txt").write_text("from the host\n")
+    data = Mount("data", tmp_path, "/opt/data")
+    provider = DockerProvider()
+    await provider.prepare([hostroot_image])
+    box = await provider.open(SandboxSpec("sbx-labels", hostroot_image, "/work", (USR, data)))
+    try:
+        (container,) = docker_client.containers.list(filters={"label": f"{LABEL_RUN}=sbx-labels"})
+        assert container.labels[LABEL_OWNER] == provider.owner
+        assert box.endpoint_kind == "container" and box.mount_path(data) == "/opt/data"
+        result = await box.exec(
+            [
+                "bash",
+                "-c",
+                'pwd; cat /opt/data/input.txt; echo "$GREETING"; echo 42 > out.txt; echo bad >&2; exit 4',
+            ],
+            {"GREETING": "hello"},
+            30,
+        )
+        assert (result.exit_code, result.stdout, result.stderr) == (
+            4,
+            "/work\nfrom the host\nhello\n",
+            "bad\n",
+        )
+        assert await box.read_file("out.txt") == b"42\n"
+        assert await box.read_file("missing.txt") is None
+        read_only = await box.exec(["bash", "-c", "touch /opt/data/new"], {}, 30)
+        assert read_only.exit_code != 0 and "Read-only file system" in read_only.stderr
+    finally:
+        await box.close()
+    assert run_containers(docker_client, "sbx-labels") == []
+    assert (
+        "$ bash -c pwd" in box.logs[0] and "(exit 4," in box.logs[0] and "--- stderr ---\nbad" in box.logs[0]
+    )
+    await provider.close()
+
+
+async def test_a_timed_out_command_is_abandoned_and_removal_still_ends_it(
+    docker_client: docker.DockerClient, hostroot_image: str
+) -> None:
+    provider = DockerProvider()
+    async with await provider.open(SandboxSpec("sbx-timeout", hostroot_image, "/work", (USR,))) as box:
+        result = await box.exec(["sleep", "60"], {}, 0.5)
+        assert result.timed_out
+    assert run_containers(docker_client, "sbx-timeout") == []
+    await provider.close()
+
+
+async def test_cancelling_mid_command_removes_the_container_before_the_cancel_propagates(
+    docker_client: docker.DockerClient, hostroot_image: str
+) -> None:
+    provider = DockerProvider()
+
+    async def use() -> None:
+        async with await provider.open(SandboxSpec("sbx-cancel", hostroot_image, "/work", (USR,))) as box:
+            await box.exec(["sleep", "60"], {}, 120)
+
+    task = asyncio.ensure_future(use())
+    await until(lambda: bool(run_containers(docker_client, "sbx-cancel")))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert run_containers(docker_client, "sbx-cancel") == []
+    await provider.close()
+
+
+async def test_the_reaper_removes_containers_of_dead_processes_only(
+    docker_client: docker.DockerClient, hostroot_image: str
+) -> None:
+    provider = DockerProvider()
+    dead_owner = f"{socket.gethostname()}:999999999:0"  # no such pid
+    elsewhere = "another-host:1:1"  # not this machine's to judge
+    made = [
+        docker_client.containers.create(
+            hostroot_image, ["true"], labels={LABEL_RUN: "stray", LABEL_OWNER: dead_owner}
+        ),
+        docker_client.containers.create(
+            hostroot_image, ["true"], labels={LABEL_RUN: "far", LABEL_OWNER: elsewhere}
+        ),
+    ]
+    box = await provider.open(SandboxSpec("sbx-live", hostroot_image, "/work", (USR,)))
+    try:
+        assert await provider.reap_strays() >= 1  # other dead processes' strays may go too
+        assert run_containers(docker_client, "stray") == []
+        assert len(run_containers(docker_client, "far")) == 1
+        assert len(run_containers(docker_client, "sbx-live")) == 1  # ours, and we are alive
+    finally:
+        await box.close()
+        made[1].remove(force=True)
+    await provider.close()
+
+
+async def test_closing_the_provider_removes_every_container_this_process_still_owns(
+    docker_client: docker.DockerClient, hostroot_image: str
+) -> None:
+    provider = DockerProvider()
+    for index in range(2):
+        await provider.open(SandboxSpec(f"sbx-leak-{index}", hostroot_image, "/work", (USR,)))  # never closed
+    assert len(await provider.containers()) == 2
+    await provider.close()
+    assert run_containers(docker_client, "sbx-leak-0") == run_containers(docker_client, "sbx-leak-1") == []
+
+
+async def test_a_missing_image_says_how_to_get_it() -> None:
+    provider = DockerProvider()
+    with pytest.raises(
+        SandboxError, match=r"image 'modeltap-missing:none' is not present and could not be pulled"
+    ):
+        await provider.prepare(["modeltap-missing:none"])
+    with pytest.raises(SandboxError, match="has no image"):
+        await provider.open(SandboxSpec("sbx-noimage", None, "/work"))
+    await provider.close()

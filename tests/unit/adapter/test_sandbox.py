@@ -1,0 +1,123 @@
+"""modeltap/adapter/sandbox.py: LocalSandbox (process groups on the host) and what every sandbox shares.
+DockerSandbox runs against a real dockerd in tests/docker/test_docker_sandbox.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from modeltap.adapter import sandbox as sandbox_module
+from modeltap.adapter.bundle import Mount
+from modeltap.adapter.sandbox import ExecResult, LocalProvider, SandboxError, SandboxSpec, provider_for
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+async def wait_for_pid(path: Path, timeout_s: float = 10.0) -> int:
+    """The pid a command writes to `path`, once it has."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""  # noqa: ASYNC240 (a tiny file, polled)
+        if text.strip():
+            return int(text)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no pid in {path} after {timeout_s} s")
+
+
+async def wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def test_a_command_runs_in_the_workdir_with_its_env_and_a_home_of_its_own(tmp_path: Path) -> None:
+    mount = Mount("data", tmp_path, "/opt/data")
+    async with await LocalProvider().open(SandboxSpec("r1", None, "/work", (mount,))) as box:
+        result = await box.exec(
+            ["sh", "-c", 'pwd; echo "$HOME"; echo "$GREETING"; echo oops >&2; exit 3'], {"GREETING": "hi"}, 10
+        )
+        assert box.endpoint_kind == "host"
+        assert box.mount_path(mount) == str(tmp_path)  # on the host a mount is its source
+    workdir, home, greeting = result.stdout.split()
+    assert (result.exit_code, result.stderr, greeting) == (3, "oops\n", "hi")
+    assert workdir == box.workdir and home == box.home and home != os.environ.get("HOME")
+    assert not os.path.exists(workdir)  # noqa: ASYNC240 (closing removed the run's directory)
+    assert "(exit 3," in box.logs[0] and "--- stderr ---\noops" in box.logs[0]
+
+
+async def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    async with await LocalProvider().open(SandboxSpec("r2", None, "/work")) as box:
+        started = time.monotonic()
+        result = await box.exec(["sh", "-c", "sleep 60 & echo $! > child.pid; sleep 60"], {}, 0.5)
+        assert result.timed_out and result.exit_code is None
+        assert time.monotonic() - started < 5
+        child = int((Path(box.workdir) / "child.pid").read_text())
+        assert await wait_gone(child), "the backgrounded grandchild outlived the timeout"
+        assert "timed out" in box.logs[-1]
+
+
+async def test_closing_kills_what_a_finished_command_left_running() -> None:
+    box = await LocalProvider().open(SandboxSpec("r3", None, "/work"))
+    result = await box.exec(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], {}, 10)
+    stray = int(result.stdout)
+    assert result.exit_code == 0 and alive(stray)
+    await box.close()
+    assert await wait_gone(stray)
+    await box.close()  # a second close does nothing
+
+
+async def test_cancelling_a_command_kills_its_group_before_the_cancel_propagates() -> None:
+    async with await LocalProvider().open(SandboxSpec("r4", None, "/work")) as box:
+        task = asyncio.ensure_future(box.exec(["sh", "-c", "echo $$ > pid; exec sleep 60"], {}, 60))
+        pid = await wait_for_pid(Path(box.workdir) / "pid")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await wait_gone(pid, timeout_s=1.0)
+
+
+async def test_read_file_returns_bytes_none_for_a_missing_file_and_refuses_huge_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with await LocalProvider().open(SandboxSpec("r5", None, "/work")) as box:
+        (Path(box.workdir) / "answer.txt").write_text("42\n")
+        assert await box.read_file("answer.txt") == b"42\n"
+        assert await box.read_file("missing.txt") is None
+        monkeypatch.setattr(sandbox_module, "MAX_FILE_BYTES", 2)
+        with pytest.raises(SandboxError, match="over the 2-byte limit"):
+            await box.read_file("answer.txt")
+
+
+async def test_a_missing_binary_is_a_sandbox_error_naming_it() -> None:
+    async with await LocalProvider().open(SandboxSpec("r6", None, "/work")) as box:
+        with pytest.raises(SandboxError, match="cannot start '/nonexistent/agent'"):
+            await box.exec(["/nonexistent/agent"], {}, 5)
+
+
+def test_a_log_entry_keeps_the_tail_of_long_output() -> None:
+    result = ExecResult(("agent", "run"), 0, "x" * 10_000 + "END", "", 1.25)
+    entry = result.log_entry()
+    assert entry.startswith("$ agent run  (exit 0, 1.2 s)")
+    assert entry.endswith("END") and len(entry) < 4200
+    assert "stderr" not in entry
+
+
+def test_runner_names_map_to_providers() -> None:
+    assert isinstance(provider_for("local"), LocalProvider)
+    assert type(provider_for("docker")).__name__ == "DockerProvider"
+    with pytest.raises(ValueError, match='use runner="docker" or runner="local"'):
+        provider_for("podman")
