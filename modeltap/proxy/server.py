@@ -43,8 +43,9 @@ BaseUrls = Callable[[], tuple[str, str | None]]
 # aiohttp's own log of the connections it serves. It is not aiohttp.server, because that one echoes the
 # bytes of a request it cannot parse, which may hold a session token (`/s/TOKEN`, a Bearer header).
 _HTTP_LOG = logging.getLogger("modeltap.proxy.http")
-# Where aiohttp's parse error messages start quoting the request's bytes.
-_ECHO = re.compile(r"\s*b?['\"].*")
+# Where aiohttp's parse error messages start quoting the request's bytes: a repr after a space (the
+# quote in "can't" is not one).
+_ECHO = re.compile(r"\s+b?['\"].*")
 
 
 class _DropRequestEcho(logging.Filter):
