@@ -12,6 +12,7 @@ MODULES = [
     "modeltap.compat.doctor",
     "modeltap.compat.hydra",
     "modeltap.compat.layouts",
+    "modeltap.compat.prompts",
 ]
 
 
