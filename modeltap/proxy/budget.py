@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
-
-import aiohttp
 
 from modeltap.proxy.errors import BadRequest, OverBudget
 from modeltap.proxy.routes import Dialect, Endpoint
 from modeltap.proxy.tokens import CountError, TokenCounter
+from modeltap.proxy.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -239,31 +239,18 @@ class Budget:
         return {"input_tokens": tokens}
 
 
-async def discover_limits(
-    session: aiohttp.ClientSession, base_url: str, headers: dict[str, str]
-) -> tuple[int | None, str]:
+async def discover_limits(upstream: Upstream, headers: Mapping[str, str]) -> tuple[int | None, str]:
     """The upstream's context length and where it came from, or (None, why not).
 
     Tries GET /v1/models (`max_model_len`, vLLM and SGLang), then SGLang's /server_info,
     /get_server_info and /get_model_info. AReaL serves none of them (areal-proxy-protocol.md §1.1),
     so against AReaL the operator passes --context-length. Runs once at start, before any exchange.
     """
-    root = base_url.rstrip("/").removesuffix("/v1")
-    timeout = aiohttp.ClientTimeout(total=DISCOVERY_TIMEOUT_S)
     for path in _DISCOVERY_PATHS:
-        try:
-            async with session.get(root + path, headers=headers, timeout=timeout) as response:
-                if response.status != 200:
-                    continue
-                payload = await response.json(content_type=None)
-        # Discovery is best effort: an upstream that fails to answer one path may answer the next, and
-        # one that answers none leaves the operator a clear message instead of a failed start.
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            continue
-        found = context_length_in(payload)
+        found = context_length_in(await upstream.fetch_json(path, headers, DISCOVERY_TIMEOUT_S))
         if found is not None:
             return found[0], f"GET {path} {found[1]}"
-    return None, f"{root} reports no context length at {', '.join(_DISCOVERY_PATHS)}"
+    return None, f"{upstream.root} reports no context length at {', '.join(_DISCOVERY_PATHS)}"
 
 
 def context_length_in(payload: Any) -> tuple[int, str] | None:

@@ -19,7 +19,6 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
-import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -93,7 +92,7 @@ def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.App
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
-    ctx.budget, ctx.budget_report = await _budget(ctx.config)
+    ctx.budget, ctx.budget_report = await _budget(ctx)
     ctx.store.start()
     ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
@@ -103,8 +102,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await ctx.store.close()
 
 
-async def _budget(config: ProxyConfig) -> tuple[Budget | None, str]:
+async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
     """The token budget in force and the start-up line that says so, with where each limit came from."""
+    config = ctx.config
     if config.budget == "off":
         return None, "off (--budget off)"
     if config.tokenizer is None:
@@ -126,8 +126,7 @@ async def _budget(config: ProxyConfig) -> tuple[Budget | None, str]:
     context_length, source = config.context_length, "--context-length"
     if context_length is None and config.upstream is not None:
         headers = {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
-        async with aiohttp.ClientSession() as client:
-            context_length, source = await discover_limits(client, config.upstream, headers)
+        context_length, source = await discover_limits(ctx.upstream(config.upstream), headers)
     if context_length is None:
         return None, f"off: no context length ({source}); give --context-length"
     sources = {"context_length": source, "engine_max_tokens": "--engine-max-tokens", "reserve": "--reserve"}

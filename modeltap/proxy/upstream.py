@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 
@@ -104,6 +104,23 @@ class Upstream:
             log.debug("upstream %s has no route %s", self.base_url, path)
         tried = ", ".join(paths)
         raise NotFound(f"the upstream {self.base_url} does not serve {endpoint.value} (tried {tried})")
+
+    @property
+    def root(self) -> str:
+        """The base URL without a trailing `/v1`: where servers put their info routes."""
+        return self.base_url.removesuffix("/v1")
+
+    async def fetch_json(self, path: str, headers: Mapping[str, str], timeout_s: float) -> Any:
+        """GET `root + path` as JSON, or None when it does not answer 200 with JSON in time.
+        Best effort, for discovery at start: any failure just means "not here"."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._client.get(self.root + path, headers=headers, timeout=timeout) as response:
+                if response.status != 200:
+                    return None
+                return await response.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None
 
     async def read(self, response: aiohttp.ClientResponse, limit: int = -1) -> bytes:
         """The whole (decoded) body, or its first `limit` bytes, with errors mapped."""

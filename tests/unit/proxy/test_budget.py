@@ -17,6 +17,7 @@ from modeltap.proxy.budget import Budget, Limits, decide, discover_limits
 from modeltap.proxy.errors import BadRequest, anthropic_error_body, openai_error_body
 from modeltap.proxy.routes import Endpoint
 from modeltap.proxy.tokens import TokenCounter
+from modeltap.proxy.upstream import Upstream
 
 C = 1000
 M = 100
@@ -346,12 +347,11 @@ async def _serve(aiohttp_server: Any, routes: dict[str, Any], key: str = "k") ->
 async def test_discover_limits(aiohttp_server: Any, routes: dict[str, Any], found: tuple[int, str]) -> None:
     base = await _serve(aiohttp_server, routes)
     async with aiohttp.ClientSession() as session:
-        assert await discover_limits(session, base, {"Authorization": "Bearer k"}) == found
-        assert (
-            await discover_limits(session, base.rstrip("/") + "/v1", {"Authorization": "Bearer k"}) == found
-        )
+        assert await discover_limits(Upstream(base, "auto", session), {"Authorization": "Bearer k"}) == found
+        v1 = Upstream(base.rstrip("/") + "/v1", "auto", session)
+        assert await discover_limits(v1, {"Authorization": "Bearer k"}) == found
         # The upstream's key goes with every probe.
-        value, why = await discover_limits(session, base, {})
+        value, why = await discover_limits(Upstream(base, "auto", session), {})
         assert value is None and "reports no context length" in why
 
 
@@ -363,5 +363,5 @@ async def test_discover_limits_against_areal_or_nothing(aiohttp_server: Any) -> 
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
     async with aiohttp.ClientSession() as session:
         for url in (base, closed):
-            value, why = await discover_limits(session, url, {"Authorization": "Bearer k"})
+            value, why = await discover_limits(Upstream(url, "auto", session), {"Authorization": "Bearer k"})
             assert value is None and "/v1/models" in why
