@@ -11,7 +11,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 # The tiers pytest runs in one process; each must exist (a missing tier fails, it never skips).
-PYTEST_DIRS := tests/unit tests/integration tests/docker
+PYTEST_DIRS := tests/unit tests/integration tests/docker tests/ui
 PYTEST_ARGS ?=
 TEST_TIERS :=
 

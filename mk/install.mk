@@ -2,6 +2,7 @@
 #   venv     .venv with `pip install -e '.[test]'`; redone when pyproject.toml changes
 #   agents   opencode and Claude Code from npm into $(NPM_PREFIX) (versions: agent-clients.md)
 #   dockerd  docker.io from apt when missing, dockerd started when not answering (checked every time)
+#   chromium Debian's chromium, for the web viewer's browser tests (checked every time)
 
 NPM_PREFIX := .cache/npm
 OPENCODE_VERSION := 1.18.33
@@ -12,9 +13,9 @@ CLAUDE_CODE_VERSION := 2.1.332
 VENV_STAMP := $(VENV)/.modeltap-installed
 AGENTS_STAMP := $(NPM_PREFIX)/.installed-opencode-$(OPENCODE_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup venv agents dockerd
+.PHONY: setup venv agents dockerd chromium
 
-setup: venv agents dockerd
+setup: venv agents dockerd chromium
 
 venv: $(VENV_STAMP)
 
@@ -31,3 +32,6 @@ $(AGENTS_STAMP):
 
 dockerd:
 	scripts/ensure-dockerd.sh
+
+chromium:
+	command -v chromium >/dev/null || scripts/apt-install.sh chromium

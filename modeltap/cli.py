@@ -70,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `modeltap export … | head`: the reader has all it wanted
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,11 +17,7 @@ wait_s=${DOCKERD_WAIT_S:-60}
 docker info >/dev/null 2>&1 && exit 0
 
 if ! command -v dockerd >/dev/null || ! command -v docker >/dev/null; then
-    [ "$(id -u)" = 0 ] || { echo "ensure-dockerd: docker.io is missing and installing it needs root" >&2; exit 1; }
-    echo "ensure-dockerd: installing docker.io with apt-get"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+    "$(dirname "$0")/apt-install.sh" docker.io
 fi
 
 # A daemon that is up but not answering yet (still starting) is waited for, not started twice. The pid
