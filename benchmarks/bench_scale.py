@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bodies import conversations, session_turn
-from benchmarks.configs import qwen_tokenizer_dir
+from benchmarks.configs import all_configurations, qwen_tokenizer_dir
 from benchmarks.harness import RESULTS, Running, log, peak_rss_mb, run_configs, select, with_proxy_cpu
 from benchmarks.load import run_load, run_sessions
 from benchmarks.report import fmt, preamble, table
@@ -51,9 +51,12 @@ def _count_tokens() -> Any:
 
 async def measure_length(running: list[Running], quick: bool) -> None:
     """At each length, every configuration in turn: the first (cold) request, then timed ones."""
-    bodies = conversations(LENGTHS, _count_tokens())
+    count_tokens = _count_tokens()
+    bodies = conversations(LENGTHS, count_tokens)
     requests = QUICK_LENGTH_REQUESTS if quick else LENGTH_REQUESTS
     for length in LENGTHS:
+        contents = [m["content"] for m in json.loads(bodies[length](0))["messages"]]
+        tokens = sum(count_tokens(contents))
         for r in running:
             log(f"  {length} tokens, {r.config.name}: {requests} requests")
             cold = await run_load(r.started.target, bodies[length], 1, 1, False, LENGTH_TIME_CAP_S, warmup=0)
@@ -63,6 +66,7 @@ async def measure_length(running: list[Running], quick: bool) -> None:
             run = await with_proxy_cpu(r.started, load)
             point = {
                 **run.summary(),
+                "content_tokens": tokens,
                 "cold_ms": cold.summary()["p50_ms"],
                 "peak_rss_mb": peak_rss_mb(r.started),
             }
@@ -106,6 +110,10 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    names = [config.name for config in all_configurations()]
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
 
     panels = {
         "scale_length.png": (
@@ -133,10 +141,17 @@ def plot(results: dict[str, Any], out: Path) -> None:
         figure, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 4), constrained_layout=True)
         for axis, (key, ylabel) in zip(axes, metrics, strict=True):
             for name, points in _series(results[phase], phase, key).items():
-                axis.plot(*zip(*points, strict=True), marker="o", label=name)
+                # One colour per configuration in every panel, though direct has no CPU or RSS line.
+                axis.plot(*zip(*points, strict=True), marker="o", label=name, color=f"C{names.index(name)}")
             axis.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel)
+            # Decades along x (where the points are); 1-2-5 steps along y, whose ranges can be narrow.
+            for scale, subs in ((axis.xaxis, (1.0,)), (axis.yaxis, (1.0, 2.0, 5.0))):
+                scale.set_major_locator(LogLocator(subs=subs))
+                scale.set_major_formatter(plain)
+                scale.set_minor_formatter(NullFormatter())
             axis.grid(True, which="both", alpha=0.3)
-        axes[0].legend()
+        handles, labels = axes[0].get_legend_handles_labels()
+        figure.legend(handles, labels, loc="outside right upper")
         figure.suptitle(f"Cost vs {phase} ({results[phase]['machine']['cores']} cores, loopback)")
         figure.savefig(out / filename, dpi=110)
         plt.close(figure)
@@ -153,6 +168,11 @@ def _phase_table(results: dict[str, Any], phase: str, keys: list[tuple[str, str,
     return table(header, rows)
 
 
+def _content_tokens(results: dict[str, Any]) -> str:
+    points = next((row["length"] for row in results["configs"] if row.get("length")), {})
+    return ", ".join(f"{p['content_tokens']:,}" for _, p in sorted(points.items(), key=lambda kv: int(kv[0])))
+
+
 def render(results: dict[str, Any]) -> str:
     """The markdown report: both phases' tables and the plots."""
     length, sessions = results["length"], results["sessions"]
@@ -163,6 +183,8 @@ def render(results: dict[str, Any]) -> str:
         "",
         "Each length extends the shorter ones (one agent history, cut at 1k, 3k... tokens). `cold` is the",
         "first request at a length, whose new tokens no cache has seen; p50 is over the requests after it.",
+        f"Message contents hold {_content_tokens(length)} tokens at the five lengths (Qwen tokenizer;",
+        "the chat template adds a few per message).",
         "",
         "![cost vs conversation length](scale_length.png)",
         "",

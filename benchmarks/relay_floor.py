@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import ClientSession, TCPConnector, hdrs, web
 
-from benchmarks.stand_in import LISTEN_BACKLOG
+from benchmarks.stand_in import LISTEN_BACKLOG, MAX_BODY_BYTES
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) plus the ones aiohttp sets itself for the new connection.
 DROPPED = {hdrs.CONNECTION, hdrs.KEEP_ALIVE, hdrs.TRANSFER_ENCODING, hdrs.HOST, hdrs.CONTENT_LENGTH, "TE"}
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[UPSTREAM] = args.upstream.rstrip("/")
     app.cleanup_ctx.append(_client)
     app.router.add_route("*", "/{tail:.*}", relay)

@@ -1,7 +1,7 @@
 """A fast stand-in upstream: an OpenAI-style chat completions server that answers at once.
 
 Owns: the upstream every benchmark configuration talks to, so that what is measured is the proxy in
-front of it. Not: realism (tests/stand-ins/ has the backend look-alikes with their errors and quirks).
+front of it. Not: realism (the test suite has the backend look-alikes with their errors and quirks).
 
 Answers ``POST /v1/chat/completions`` and ``POST /chat/completions``. Non-streamed: one canned
 ``chat.completion``. Streamed: the first chunk at once, then ``STREAM_CONTENT_CHUNKS - 1`` more
@@ -29,6 +29,8 @@ CONTENT_MARKER = "bench-ok"
 # The sessions benchmark opens 1,000 connections within 0.1 s; aiohttp's default listen backlog (128)
 # would drop some of them and time them as a SYN retry, not as the proxy's cost.
 LISTEN_BACKLOG = 2048
+# The scale benchmark sends 100k-token prompts (~0.5 MB), over aiohttp's 1 MiB default with room to spare.
+MAX_BODY_BYTES = 64 * 1024 * 1024
 USAGE = {"prompt_tokens": 200, "completion_tokens": STREAM_CONTENT_CHUNKS, "total_tokens": 208}
 
 
@@ -95,8 +97,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 def build_app() -> web.Application:
     """The stand-in's routes: chat completions with and without the ``/v1`` prefix."""
-    # Agents paste whole files: the scale benchmark sends 100k-token prompts, far over aiohttp's 1 MiB.
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/chat/completions", chat_completions)
     return app
