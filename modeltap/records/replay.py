@@ -35,8 +35,9 @@ from typing import Any
 import aiohttp
 from aiohttp import hdrs, web
 
-from modeltap.records.export import CONVERSATIONS, stream_events
+from modeltap.records.export import CONVERSATIONS
 from modeltap.records.store import StoreReader
+from modeltap.records.streams import stream_events
 from modeltap.records.view import turn_record
 
 # Request fields that say how to deliver an answer or who asks, not what is asked: a mock matches

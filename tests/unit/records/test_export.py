@@ -12,16 +12,9 @@ import pytest
 
 from modeltap.proxy.sse import StreamAssembler
 from modeltap.records.exchange import Exchange
-from modeltap.records.export import (
-    JSONL_FORMAT_VERSION,
-    conversation,
-    har,
-    split_events,
-    sse_events,
-    stream_events,
-    write_export,
-)
+from modeltap.records.export import JSONL_FORMAT_VERSION, conversation, har, write_export
 from modeltap.records.store import RecordStore, StoreReader
+from modeltap.records.streams import split_events, sse_events, stream_events
 
 CHAT = {
     "id": "chatcmpl-1",
