@@ -71,7 +71,8 @@ RESPONSE_TEXT_MAX_CHARS = 16 * 1024
 # Session hints agents already send (peer-proxies.md §6): they group anonymous traffic by agent run.
 _SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
 _HINT_SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-ANONYMOUS_SESSION = "default"
+# Traffic with no session token and no client hint; distinct from the "default" session `serve` opens.
+ANONYMOUS_SESSION = "anonymous"
 _SESSION_GONE = (
     "this session token is unknown, expired or closed: ask whoever gave you the URL for a new session"
 )
