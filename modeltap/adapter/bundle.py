@@ -68,17 +68,23 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_WORKDIR = "/work"
 
 
+# `${name}` is a variable and `$${` a literal `${`; any other `$` is left alone (`named` never matches),
+# so shell in commands and JSON in environments need no escaping.
+_TEMPLATE_PATTERN = r"""
+\$(?:
+    (?P<escaped>\$(?=\{))             |  # $${ -> ${
+    \{(?P<braced>[_a-z][_a-z0-9]*)\}   |  # ${name}
+    (?P<named>(?!))                   |
+    (?P<invalid>\{)                      # ${ that is not ${name}
+)
+"""
+
+
 class Template(string.Template):
     """The bundle's templates: `${name}` is a variable and `$${` a literal `${`; every other `$` stays."""
 
-    pattern = r"""
-    \$(?:
-        (?P<escaped>\$(?=\{))             |  # $${ -> ${
-        \{(?P<braced>[_a-z][_a-z0-9]*)\}   |  # ${name}
-        (?P<named>(?!))                   |  # no bare $name: shell variables pass through
-        (?P<invalid>\{)                      # ${ that is not ${name}
-    )
-    """
+    # string.Template compiles a str pattern when the subclass is created.
+    pattern = _TEMPLATE_PATTERN  # type: ignore[assignment]
 
 
 class BundleError(ValueError):
@@ -426,7 +432,7 @@ class _Entry:
         return value
 
     def text(self, key: str, default: Any = None) -> str:
-        value = self._get(key, str, "a string", _REQUIRED if default is None else default)
+        value: str = self._get(key, str, "a string", _REQUIRED if default is None else default)
         if not value and default is None:
             raise self.error(f"has an empty {key}; give it a value")
         return value
@@ -448,7 +454,8 @@ class _Entry:
         return value
 
     def flag(self, key: str, default: bool) -> bool:
-        return self._get(key, bool, "true or false", default)
+        value: bool = self._get(key, bool, "true or false", default)
+        return value
 
     def texts(self, key: str, required: bool = False) -> tuple[str, ...]:
         value = self._get(key, list, "a list of strings", _REQUIRED if required else [])

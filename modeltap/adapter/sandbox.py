@@ -453,9 +453,10 @@ def _remove(container: Any) -> None:
 
 def _list(client: docker.DockerClient, filters: dict[str, str]) -> list[Any]:
     try:
-        return client.containers.list(all=True, filters=filters)
+        found: list[Any] = client.containers.list(all=True, filters=filters)
     except docker.errors.DockerException as exc:
         raise SandboxError(f"cannot list containers: {exc}") from exc
+    return found
 
 
 def _text(data: bytes | None) -> str:

@@ -22,6 +22,7 @@ import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from modeltap.adapter.bundle import Bundle, BundleError, Task, load_bundle
@@ -36,14 +37,15 @@ from modeltap.adapter.runner import (
     play,
 )
 from modeltap.adapter.sandbox import SandboxProvider, provider_for
+from modeltap.compat.areal import ArealCapabilities, installed_capabilities
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.records.store import StoreReader
 
 log = logging.getLogger(__name__)
 
-FailurePolicy = Literal["raise", "zero-model-faults", "zero"]
-FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("raise", "zero-model-faults", "zero")
+FailurePolicy = Literal["auto", "raise", "zero-model-faults", "zero"]
+FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("auto", "raise", "zero-model-faults", "zero")
 # The adapter's proxy, unless proxy={...} says otherwise:
 # - every interface, so containers reach it through the bridge gateway (DESIGN §6);
 # - AReaL's path layout, which every AReaL version serves (areal-proxy-protocol.md §2);
@@ -76,14 +78,19 @@ class AgentWorkflow:
     - `runner`: "docker" (a container per run) or "local" (host processes, no isolation).
     - `proxy`: ProxyConfig fields for the process's proxy (default PROXY_DEFAULTS; e.g. `store`).
     - `timeout_s`: limit on one run, in place of the tasks' own.
-    - `on_failure`: "raise" (default) raises RunFailed, Unscored or ModelFault, for AReaL versions that
-      ask should_reject_failed_sample, which leave one failed sample out and train model faults as 0.
-      AReaL 2.1.0 and earlier have no such hook: an exception rejects the whole group
-      (areal-proxy-protocol.md §3.4). There, "zero-model-faults" returns 0.0 for model faults and
-      still raises for broken runs (what the hook would do, except that a broken run costs its
-      group), and "zero" returns 0.0 for every failure: no group is lost, but a run broken by the
-      sandbox or a judge then teaches the policy that its answer was wrong, which biases training
-      if such failures are common.
+    - `on_failure`, what a failed run does:
+      - "raise": raise RunFailed, Unscored or ModelFault. AReaL versions after 2.1.0 then ask
+        should_reject_failed_sample, which leaves a broken sample out alone and trains a model fault
+        as reward 0.
+      - "zero-model-faults": return 0.0 for a ModelFault and raise the rest. For AReaL 2.1.0 and
+        earlier, where any exception rejects the sample's whole group (areal-proxy-protocol.md
+        §3.4): model faults then train as 0 as the hook would have them, and only a broken run
+        costs its group.
+      - "zero": return 0.0 for every failure. No group is ever lost, but a run broken by the
+        sandbox or a judge then teaches the policy that its answer was wrong, which biases
+        training wherever such failures are common.
+      - "auto" (default): "raise" where the installed AReaL honours should_reject_failed_sample,
+        else "zero-model-faults" (modeltap.compat.areal reads the version; AReaL is not imported).
 
     Construction does no I/O: AReaL builds a new instance on every submit, and the bundle is
     prepared once per process per argument set, on first use.
@@ -97,7 +104,7 @@ class AgentWorkflow:
         runner: str = "docker",
         proxy: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
-        on_failure: FailurePolicy = "raise",
+        on_failure: FailurePolicy = "auto",
     ) -> None:
         if runner not in ("docker", "local"):
             raise ValueError(f'runner={runner!r}: use "docker" or "local"')
@@ -122,15 +129,7 @@ class AgentWorkflow:
         `data` is read, never changed: a group's samples share it.
         """
         task_id = data.get("task_id")
-        try:
-            return await background().run(self._play(task_id, base_url, api_key), f"run:{task_id}")
-        except AdapterError as exc:
-            if self.on_failure == "zero" or (
-                self.on_failure == "zero-model-faults" and isinstance(exc, ModelFault)
-            ):
-                log.warning("task %s: %s; reward 0.0 (on_failure=%s)", task_id, exc.reason, self.on_failure)
-                return 0.0
-            raise
+        return await background().run(self._play(task_id, base_url, api_key), f"run:{task_id}")
 
     async def prepare(self) -> Prepared:
         """Load and check the bundle and its images, once per process for these arguments; run() does
@@ -157,6 +156,24 @@ class AgentWorkflow:
         return Prepared(bundle, frozenset(task.id for task in tasks), self.agent)
 
     async def _play(self, task_id: object, base_url: str, api_key: str) -> float:
+        """One run on the background loop, with the failure policy applied."""
+        try:
+            return await self._play_task(task_id, base_url, api_key)
+        except AdapterError as exc:
+            policy = await self._failure_policy()
+            if policy == "zero" or (policy == "zero-model-faults" and isinstance(exc, ModelFault)):
+                log.warning("task %s: %s; reward 0.0 (on_failure=%s)", task_id, exc.reason, policy)
+                return 0.0
+            raise
+
+    async def _failure_policy(self) -> FailurePolicy:
+        """`on_failure`, with "auto" resolved by the installed AReaL (read once per process)."""
+        if self.on_failure != "auto":
+            return self.on_failure
+        areal = await background().shared(("areal-capabilities",), _installed_areal)
+        return "raise" if areal.honours_should_reject_failed_sample else "zero-model-faults"
+
+    async def _play_task(self, task_id: object, base_url: str, api_key: str) -> float:
         prepared = await self._prepared()
         task = prepared.bundle.task(task_id)
         if task.id not in prepared.task_ids:
@@ -253,6 +270,11 @@ def _sandbox_image(bundle: Bundle, task: Task, agent: str | None) -> str | None:
     return solver.image
 
 
+async def _installed_areal() -> ArealCapabilities:
+    # importlib.metadata scans every sys.path entry: file-system work, kept off the loop.
+    return await asyncio.to_thread(installed_capabilities)
+
+
 async def _proxy(config: ProxyConfig) -> Proxy:
     """The process's proxy for `config`, started on first use (AReaL's runs all share one)."""
     key = ("proxy", json.dumps(_public_fields(config), sort_keys=True, default=str))
@@ -280,7 +302,7 @@ def _public_fields(config: ProxyConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
 
 
-def _model_fault(store_path: os.PathLike[str], session_id: str) -> str | None:
+def _model_fault(store_path: Path, session_id: str) -> str | None:
     """What the model did wrong in the session, from its records; None if nothing."""
     with StoreReader(store_path) as reader:
         rows = reader.exchanges(session_id=session_id, bodies=False)

@@ -60,6 +60,7 @@ def kwargs(bundle: Path, tmp_path: Path, bridge_host: str) -> dict[str, Any]:
         "bundle": str(bundle),
         "runner": "docker",
         "proxy": {"host": bridge_host, "store": str(tmp_path / "r.db")},
+        "on_failure": "raise",
     }
 
 

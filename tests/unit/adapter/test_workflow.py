@@ -112,11 +112,13 @@ def bundle(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def kwargs(bundle: Path, tmp_path: Path) -> dict[str, Any]:
-    """workflow_kwargs for a loopback proxy with its own store and host-process sandboxes."""
+    """workflow_kwargs for a loopback proxy with its own store and host-process sandboxes, raising on
+    failure as for an AReaL that asks should_reject_failed_sample (the harness's default)."""
     return {
         "bundle": str(bundle),
         "runner": "local",
         "proxy": {"host": "127.0.0.1", "store": str(tmp_path / "r.db")},
+        "on_failure": "raise",
     }
 
 
@@ -242,7 +244,7 @@ async def test_an_unparseable_tool_call_is_a_model_fault(aiohttp_server: Any, kw
 async def test_the_failure_policy_for_areal_2_1_0(
     areal: ArealStandIn, kwargs: dict[str, Any], policy: str, task_id: str, outcome: Any
 ) -> None:
-    workflow = AgentWorkflow(**kwargs, on_failure=policy)
+    workflow = AgentWorkflow(**kwargs | {"on_failure": policy})
     session = areal.open_session(task_id)
     call = workflow.run({"task_id": task_id}, base_url=areal.url, api_key=session.api_key)
     if isinstance(outcome, float):
@@ -256,7 +258,7 @@ async def test_the_failure_policy_for_areal_2_1_0(
 async def test_zero_model_faults_returns_zero_for_an_overflow(kwargs: dict[str, Any]) -> None:
     with ArealStandIn(script=arithmetic, engine_max_tokens=8) as tight:
         session = tight.open_session("add-2-3")
-        workflow = AgentWorkflow(**kwargs, on_failure="zero-model-faults")
+        workflow = AgentWorkflow(**kwargs | {"on_failure": "zero-model-faults"})
         assert await workflow.run({"task_id": "add-2-3"}, base_url=tight.url, api_key=session.api_key) == 0.0
 
 
@@ -270,6 +272,33 @@ async def test_on_areal_2_1_0_zero_keeps_the_batch_that_raise_would_lose(
         areal.url, areal.admin_key, WORKFLOW, kwargs | {"on_failure": "zero"}, batch, hook=False
     )
     assert [s.reward for s in samples] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(("areal_version", "overflow_reward"), [("2.1.0", 0.0), ("2.2.0", None)])
+async def test_auto_failure_policy_follows_the_installed_areal(
+    kwargs: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    areal_version: str,
+    overflow_reward: Any,
+) -> None:
+    """2.1.0 has no hook, so a model fault returns 0.0 rather than losing the group; later AReaL asks
+    should_reject_failed_sample, so it raises. The version comes from metadata alone."""
+    site = tmp_path / "site"
+    info = site / f"areal-{areal_version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: areal\nVersion: {areal_version}\n")
+    monkeypatch.syspath_prepend(str(site))
+    workflow = AgentWorkflow(**kwargs | {"on_failure": "auto"})
+    with ArealStandIn(script=arithmetic, engine_max_tokens=8) as tight:
+        session = tight.open_session("add-2-3")
+        call = workflow.run({"task_id": "add-2-3"}, base_url=tight.url, api_key=session.api_key)
+        if overflow_reward is None:
+            with pytest.raises(ModelFault):
+                await call
+        else:
+            assert await call == overflow_reward
+    assert "areal" not in sys.modules
 
 
 def test_should_reject_leaves_out_broken_runs_and_keeps_model_faults() -> None:
