@@ -60,6 +60,16 @@ command = ["{sys.executable}", "{AGENT}", "${{prompt}}"]
 endpoint = {{base_url_vars = ["OPENAI_BASE_URL"], api_key_vars = ["OPENAI_API_KEY"]}}
 env = {{AGENT_SLEEP_S = "30"}}
 
+[agents.reviewer]
+command = ["{sys.executable}", "{AGENT}", "Review the answer to ${{task_id}}"]
+env = {{AGENT_MODEL = "${{model}}"}}
+[agents.reviewer.endpoint]
+base_url_vars = ["OPENAI_BASE_URL"]
+api_key_vars = ["OPENAI_API_KEY"]
+base_url = "{judge_url}"
+api_key = "sk-reviewer"
+model = "standin-model"
+
 [agents.broken]
 command = ["sh", "-c", "echo the agent crashed >&2; exit 3"]
 
@@ -87,6 +97,7 @@ checks = [{{exact = "x"}}]
 [[tasks]]
 id = "graded"
 prompt = "What is 20 + 22?"
+agents = [{{agent = "reviewer", prompt = "unused", stage = "after"}}]
 checks = [{{judge = "grader", rubric = "The answer must be 42."}}]
 
 [[tasks]]
@@ -150,7 +161,7 @@ async def test_a_batch_through_areal_scores_each_sample_and_rejects_only_the_fai
     assert len(areal.model_requests) == 3
 
 
-async def test_every_exchange_of_a_session_is_the_solver_s_and_the_judge_is_called_directly(
+async def test_only_the_solver_goes_through_the_proxy_helpers_and_judges_use_their_endpoints(
     areal: ArealStandIn, tmp_path: Path
 ) -> None:
     def grader(conversation: Conversation) -> Reply:
@@ -164,10 +175,14 @@ async def test_every_exchange_of_a_session_is_the_solver_s_and_the_judge_is_call
         session = areal.open_session("graded")
         reward = await workflow.run({"task_id": "graded"}, base_url=areal.url, api_key=session.api_key)
         assert reward == 1.0
-        assert [r.path for r in judge.model_requests] == ["/v1/chat/completions"]
+        # The same stand-in serves as the reviewer's model and as the judge: both called it directly.
+        review, grading = judge.model_requests
+        assert review.body["messages"][0]["content"] == "Review the answer to graded"
+        assert review.headers["Authorization"] == "Bearer sk-reviewer"
+        assert "Rubric:\nThe answer must be 42." in grading.body["messages"][0]["content"]
     with StoreReader(store) as reader:
         rows = reader.exchanges(bodies=True)
-    assert len(rows) == 1  # the solver's one call; the judge's call never reached the proxy
+    assert len(rows) == 1  # the solver's one call; neither the reviewer's nor the judge's reached the proxy
     (row,) = rows
     assert row["labels"]["task_id"] == "graded" and row["labels"]["agent"] == "sdk"
     assert row["upstream_url"] == f"{areal.url}/chat/completions"
