@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion10, hdrs, web
 from multidict import CIMultiDict
 
 from modeltap.compat.clients import presented_key, retry_count
@@ -109,6 +109,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
             await ctx.store.submit(ex, wait=ctx.config.sync)
 
     try:
+        if request.version < HttpVersion10:
+            # aiohttp reads a request line without a version as HTTP/0.9 yet still takes the lines after
+            # it as headers, so a raw CR LF in a URL would turn the URL's tail into headers we forward.
+            raise BadRequest("modeltap speaks HTTP/1.0 and later; the request line has no HTTP version")
         route = resolve(request.path)
         dialect = route.endpoint.dialect
         ex.endpoint = route.endpoint.value
