@@ -120,6 +120,20 @@ async def test_cancelling_a_run_leaves_no_container_with_its_label(
     assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_label}"}) == []
 
 
+async def test_agent_override_plays_claude_code_through_the_anthropic_route(
+    areal: ArealStandIn, kwargs: dict[str, Any], tmp_path: Path
+) -> None:
+    rows = [{"task_id": "shell-smoke"}, {"task_id": "add-2-3"}]
+    samples = await run_samples(areal.url, areal.admin_key, WORKFLOW, kwargs | {"agent": "claude"}, rows)
+    assert [s.reward for s in samples] == [1.0, 1.0], [s.error for s in samples]
+    assert {i["endpoint"] for s in samples for i in s.interactions.values()} == {"messages"}
+    with StoreReader(tmp_path / "r.db") as reader:
+        exchanges = reader.exchanges(bodies=False)
+    # Claude Code appends /v1/messages?beta=true to the session URL; AReaL serves it at /v1/messages.
+    assert {(row["endpoint"], row["labels"]["agent"]) for row in exchanges} == {("messages", "claude")}
+    assert {row["upstream_url"] for row in exchanges} == {f"{areal.url}/v1/messages?beta=true"}
+
+
 async def test_the_example_bundle_prepares_as_it_ships(hostroot_image: str, node_modules: Path) -> None:
     workflow = AgentWorkflow(EXAMPLE, runner="docker")
     prepared = await workflow.prepare()
