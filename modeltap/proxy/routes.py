@@ -69,9 +69,9 @@ _CONTROL = re.compile(
     r"|internal(/.*)?)$"
 )
 _SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
-# An `s/TOKEN` pair of segments anywhere in a path: a base URL joined the wrong way round
-# (`/v1/s/TOKEN/...`) carries a token too, though it is not routed as one.
-_SESSION_SEGMENTS = re.compile(r"(?<![^/])s/[A-Za-z0-9_-]{16,128}(?![^/])")
+# An `s/TOKEN` pair of segments anywhere in a path, `S` too: a base URL joined the wrong way round
+# (`/v1/s/TOKEN/...`) or mistyped carries a token, though it is not routed as one.
+_SESSION_SEGMENTS = re.compile(r"(?<![^/])[sS]/[A-Za-z0-9_-]{16,128}(?![^/])")
 
 
 @dataclass(frozen=True, slots=True)
