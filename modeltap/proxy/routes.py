@@ -71,7 +71,7 @@ _CONTROL = re.compile(
 _SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
 # An `s/TOKEN` pair of segments anywhere in a path, `S` too: a base URL joined the wrong way round
 # (`/v1/s/TOKEN/...`) or mistyped carries a token, though it is not routed as one.
-_SESSION_SEGMENTS = re.compile(r"(?<![^/])[sS]/[A-Za-z0-9_-]{16,128}(?![^/])")
+_SESSION_SEGMENTS = re.compile(r"(?<![^/])([sS])/[A-Za-z0-9_-]{16,128}(?![^/])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,4 +143,4 @@ def masked(path: str) -> str:
     >>> masked("/v1/s/" + "A" * 43 + "/chat/completions")
     '/v1/s/…/chat/completions'
     """
-    return _SESSION_SEGMENTS.sub("s/…", path)
+    return _SESSION_SEGMENTS.sub(r"\1/…", path)
