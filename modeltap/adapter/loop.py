@@ -53,23 +53,23 @@ class BackgroundLoop:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The running background loop, started if need be."""
+        """The background loop, started if need be. Callers do not wait for its thread to be
+        scheduled (that can take tens of milliseconds on a loaded machine, all of it on the caller's
+        loop): work handed over with call_soon_threadsafe waits in the loop until it runs."""
         with self._lock:
             if self._loop is None:
-                ready = threading.Event()
                 loop = asyncio.new_event_loop()
+                self._tasks = Tasks(self._name)
                 self._thread = threading.Thread(
-                    target=self._serve, args=(loop, ready), name=self._name, daemon=True
+                    target=self._serve, args=(loop,), name=self._name, daemon=True
                 )
                 self._thread.start()
-                ready.wait()
                 self._loop = loop
             return self._loop
 
-    def _serve(self, loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
         asyncio.set_event_loop(loop)
-        self._tasks = Tasks(self._name)
-        loop.call_soon(ready.set)
         try:
             loop.run_forever()
         finally:

@@ -23,13 +23,6 @@ from tests.standins.areal import ArealStandIn
 
 EXAMPLE = ROOT / "examples" / "bundle.toml"
 WORKFLOW = "modeltap.adapter.AgentWorkflow"
-# No step of the caller's loop may hold it longer than this during a run (issue 5 §7).
-MAX_LOOP_BLOCK_S = 0.050
-# A timer on the caller's loop may fire late by more than that: its thread shares the GIL with the
-# adapter's threads and, on the 2-core CI machine shared with other jobs, waits for a CPU (gaps of
-# 20-45 ms measured at load 10 with no slow step at all). A blocking docker call or a long C call
-# holding the GIL would still show here as hundreds of milliseconds.
-MAX_LOOP_DELAY_S = 0.250
 CRASHING_TASK = """
 [agents.broken]
 image = "modeltap-hostroot:local"
@@ -75,14 +68,14 @@ async def test_opencode_in_docker_scores_one_zero_and_a_crash_is_rejected_on_its
     smoke = rows["shell-smoke"]
     batch = [smoke, smoke, rows["mul-7-8"], rows["crash"]]  # the smoke group shares one data object
     before = copy.deepcopy(batch)
-    async with loop_lag_probe(MAX_LOOP_BLOCK_S) as lag:
+    async with loop_lag_probe() as lag:
         samples = await run_samples(areal.url, areal.admin_key, WORKFLOW, kwargs, batch)
 
     outcomes = [(sample.reward, sample.rejected) for sample in samples]
     assert outcomes == [(1.0, False), (1.0, False), (0.0, False), (None, True)], [s.error for s in samples]
     assert isinstance(samples[3].error, RunFailed) and "the agent crashed" in str(samples[3].error)
     assert batch == before
-    assert lag.longest_step_s <= MAX_LOOP_BLOCK_S and lag.longest_delay_s <= MAX_LOOP_DELAY_S, lag
+    assert lag.within_limits(), lag
     # opencode made its title request and two turns per smoke run, all through the proxy to AReaL,
     # which recorded them under the sample's session and put the float reward on the last one.
     for sample in samples[:2]:

@@ -36,13 +36,6 @@ from tests.standins.script import Conversation, Reply
 
 AGENT = Path(__file__).with_name("sdk_agent.py")
 WORKFLOW = "modeltap.adapter.AgentWorkflow"
-# No step of the caller's loop may hold it longer than this during a run (issue 5 §7).
-MAX_LOOP_BLOCK_S = 0.050
-# A timer on the caller's loop may fire late by more than that: its thread shares the GIL with the
-# adapter's threads and, on the 2-core CI machine shared with other jobs, waits for a CPU (gaps of
-# 20-45 ms measured at load 10 with no slow step at all). A blocking docker call or a long C call
-# holding the GIL would still show here as hundreds of milliseconds.
-MAX_LOOP_DELAY_S = 0.250
 
 
 def bundle_text(judge_url: str = "http://127.0.0.1:9/v1") -> str:
@@ -367,11 +360,10 @@ async def test_the_caller_s_loop_never_stalls_during_runs(
     areal: ArealStandIn, kwargs: dict[str, Any]
 ) -> None:
     batch = [{"task_id": "add-2-3"}, {"task_id": "crash"}] * 2
-    async with loop_lag_probe(MAX_LOOP_BLOCK_S) as lag:
+    async with loop_lag_probe() as lag:
         samples = await run_samples(areal.url, areal.admin_key, WORKFLOW, kwargs, batch)
     assert [s.reward for s in samples] == [1.0, None, 1.0, None]
-    assert lag.wakeups > 50
-    assert lag.longest_step_s <= MAX_LOOP_BLOCK_S and lag.longest_delay_s <= MAX_LOOP_DELAY_S, lag
+    assert lag.within_limits(), lag
 
 
 async def test_cancelling_run_stops_the_agent_and_closes_the_session_before_it_returns(
