@@ -112,11 +112,19 @@ class AgentWorkflow:
             raise ValueError(f"on_failure={on_failure!r}: use one of {', '.join(FAILURE_POLICIES)}")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s!r}: give a positive number of seconds")
+        if isinstance(tasks, str):
+            raise ValueError(f"tasks={tasks!r}: give a list of task ids, e.g. tasks=[{tasks!r}]")
         self.bundle = os.fspath(bundle)
         self.tasks = None if tasks is None else tuple(tasks)
         self.agent = agent
         self.runner = runner
-        self.proxy_config = ProxyConfig(**{**PROXY_DEFAULTS, **(proxy or {})})
+        try:
+            self.proxy_config = ProxyConfig(**{**PROXY_DEFAULTS, **(proxy or {})})
+        except TypeError as exc:  # an unknown field name, from a hand-written workflow_kwargs
+            fields = ", ".join(ProxyConfig.__dataclass_fields__)
+            raise ValueError(
+                f"proxy={dict(proxy or {})!r}: {exc}; ProxyConfig's fields are {fields}"
+            ) from exc
         self.timeout_s = timeout_s
         self.on_failure = on_failure
         # What makes two workflows play the same thing: AReaL's per-submit rebuilds share one preparation.

@@ -429,3 +429,7 @@ def test_bad_arguments_fail_at_construction_without_touching_the_bundle(tmp_path
         AgentWorkflow(missing, on_failure="ignore")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="layout must be one of"):
         AgentWorkflow(missing, proxy={"layout": "v2"})
+    with pytest.raises(ValueError, match=r"proxy=\{'stor': 'x'\}: .*'stor'.*fields are upstream, host"):
+        AgentWorkflow(missing, proxy={"stor": "x"})
+    with pytest.raises(ValueError, match=r"give a list of task ids, e\.g\. tasks=\['add-2-3'\]"):
+        AgentWorkflow(missing, tasks="add-2-3")
