@@ -71,7 +71,7 @@ _CONTROL = re.compile(
 _SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
 # An `s/TOKEN` pair of segments anywhere in a path, `S` too: a base URL joined the wrong way round
 # (`/v1/s/TOKEN/...`) or mistyped carries a token, though it is not routed as one.
-_SESSION_SEGMENTS = re.compile(r"(?<![^/])([sS])/[A-Za-z0-9_-]{16,128}(?![^/])")
+_SESSION_SEGMENTS = re.compile(r"(?<![^/])[sS]/([A-Za-z0-9_-]{16,128})(?![^/])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +138,12 @@ def session_token(path: str) -> str | None:
 
 
 def masked(path: str) -> str:
-    """`path` with every `s/TOKEN` masked, for records, error messages and logs.
+    """`path` with the token of every `s/TOKEN` masked, wherever else it appears too, for records, error
+    messages and logs.
 
-    >>> masked("/v1/s/" + "A" * 43 + "/chat/completions")
-    '/v1/s/…/chat/completions'
+    >>> masked("/v1/s/" + "A" * 43 + "/models/" + "A" * 43)
+    '/v1/s/…/models/…'
     """
-    return _SESSION_SEGMENTS.sub(r"\1/…", path)
+    for token in {match.group(1) for match in _SESSION_SEGMENTS.finditer(path)}:
+        path = path.replace(token, "…")
+    return path
