@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Literal
+from typing import Any, Literal
 
 # The PyPI distribution (shared/reference/areal-tier.md §1: `pip download areal==1.0.4`).
 AREAL_DISTRIBUTION = "areal"
@@ -110,3 +110,33 @@ def capabilities(version: str | None) -> ArealCapabilities:
 def installed_capabilities() -> ArealCapabilities:
     """The capabilities of the AReaL installed in this environment."""
     return capabilities(installed_version())
+
+
+def messages_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The `/v1/messages` body AReaL can render, or None when it needs no change.
+
+    Claude Code sends an assistant turn that only calls tools as `tool_use` blocks with no text. AReaL's
+    converter (LiteLLM's AnthropicAdapter) turns that into `content: None`, and Qwen chat templates
+    then fail on `'</think>' in message.content`: AReaL answers 500 "Streaming setup failed: 500:
+    UndefinedError: 'dict object' has no attribute 'content'" (measured against AReaL 1.0.4, see
+    tests/areal). A leading empty text block gives the turn a content string and renders the same
+    prompt; the anthropic SDK already sends one back, from AReaL's own replies.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not any(_tool_use_only(m) for m in messages):
+        return None
+    fixed = [
+        {**m, "content": [{"type": "text", "text": ""}, *m["content"]]} if _tool_use_only(m) else m
+        for m in messages
+    ]
+    return {**body, "messages": fixed}
+
+
+def _tool_use_only(message: Any) -> bool:
+    content = message.get("content") if isinstance(message, dict) else None
+    return (
+        message.get("role") == "assistant"
+        and isinstance(content, list)
+        and bool(content)
+        and all(isinstance(b, dict) and b.get("type") == "tool_use" for b in content)
+    )

@@ -21,6 +21,7 @@ from urllib.parse import quote
 from aiohttp import HttpVersion10, hdrs, web
 from multidict import CIMultiDict
 
+from modeltap.compat.areal import messages_body_for_areal
 from modeltap.compat.clients import presented_key, retry_count
 from modeltap.compat.layouts import classify, parse_error
 from modeltap.proxy.context import CONTEXT, ProxyContext
@@ -160,6 +161,11 @@ async def _exchange(
         if decision.body is not None:
             ex.sent = decision.body
             payload = json.dumps(decision.body).encode()
+    if endpoint is Endpoint.MESSAGES and target.upstream.areal_like:
+        fixed = messages_body_for_areal(ex.sent or body)  # type: ignore[arg-type]
+        if fixed is not None:
+            ex.sent = fixed
+            payload = json.dumps(fixed).encode()
     try:
         reply = await target.upstream.send(
             endpoint,

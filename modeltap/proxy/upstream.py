@@ -106,6 +106,12 @@ class Upstream:
         raise NotFound(f"the upstream {self.base_url} does not serve {endpoint.value} (tried {tried})")
 
     @property
+    def areal_like(self) -> bool:
+        """Whether this upstream is taken to be AReaL's proxy: `--layout areal`, or `auto` where AReaL is
+        installed (the adapter runs inside AReaL's workers)."""
+        return self.layout == "areal" or (self.layout == "auto" and self.auto_first == "areal")
+
+    @property
     def root(self) -> str:
         """The base URL without a trailing `/v1`: where servers put their info routes."""
         return self.base_url.removesuffix("/v1")

@@ -23,6 +23,8 @@ messages plus a few references, not references to its whole history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -32,7 +34,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,7 @@ class RecordStore:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._known: OrderedDict[str, None] = OrderedDict()
+        self._on_exit: Callable[[], object] | None = None
         self._last_lists: OrderedDict[tuple[str | None, str], tuple[str, list[str]]] = OrderedDict()
 
     def start(self) -> None:
@@ -231,9 +234,15 @@ class RecordStore:
         self._closed = True
         if self._thread is None:
             return
+        # The writer says when it is done, rather than being joined in a worker thread: at interpreter
+        # exit (an AReaL worker ending without modeltap.adapter.shutdown()) the default executor
+        # already refuses new work.
+        loop, finished = asyncio.get_running_loop(), asyncio.Event()
+        self._on_exit = lambda: _call_soon(loop, finished.set)
         self._queue.put(None)
-        await asyncio.to_thread(self._thread.join, CLOSE_TIMEOUT_S)
-        if self._thread.is_alive():
+        try:
+            await asyncio.wait_for(finished.wait(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
             log.error(
                 "record store writer did not finish within %.0f s; some records may be lost", CLOSE_TIMEOUT_S
             )
@@ -261,6 +270,8 @@ class RecordStore:
                     return
         finally:
             conn.close()
+            if self._on_exit is not None:
+                self._on_exit()
 
     def _write_batch(self, conn: sqlite3.Connection, batch: list[_Item]) -> None:
         """Commit a batch in one transaction; if that fails, write its items one by one, so one bad
@@ -277,7 +288,7 @@ class RecordStore:
                 log.error("record store: failed to write a record to %s", self.path, exc_info=item_error)
         for (_, loop, future), item_error in zip(batch, errors, strict=True):
             if loop is not None and self._slots is not None:
-                loop.call_soon_threadsafe(_settle, self._slots, future, item_error)
+                _call_soon(loop, functools.partial(_settle, self._slots, future, item_error))
 
     def _write_items(self, conn: sqlite3.Connection, items: list[_Item]) -> Exception | None:
         try:
@@ -384,6 +395,12 @@ class RecordStore:
         if len(self._known) > KNOWN_BLOBS_MAX:
             self._known.popitem(last=False)
         return digest
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """Hand `callback` to `loop` from the writer thread, unless the loop is already gone."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback)
 
 
 def _settle(

