@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "AgentWorkflow": "modeltap.adapter.workflow",
     "Proxy": "modeltap.proxy.server",
     "ProxyConfig": "modeltap.proxy.config",
+    "task_rows": "modeltap.adapter.workflow",
 }
-__all__ = ["Proxy", "ProxyConfig", "__version__"]
+__all__ = ["AgentWorkflow", "Proxy", "ProxyConfig", "__version__", "task_rows"]
 
 if TYPE_CHECKING:
+    from modeltap.adapter.workflow import AgentWorkflow, task_rows
     from modeltap.proxy.config import ProxyConfig
     from modeltap.proxy.server import Proxy
 
