@@ -112,8 +112,8 @@ def resolve(path: str) -> Route:
         raise NotFound(f"no such endpoint: {masked(path)}")
     if _CONTROL.match(rest):
         raise Forbidden(
-            f"modeltap never forwards the trainer's control route /{rest}: an agent must not be able "
-            "to set its own reward or reconfigure the trainer"
+            f"modeltap never forwards the trainer's control route {masked('/' + rest)}: an agent must "
+            "not be able to set its own reward or reconfigure the trainer"
         )
     endpoint = _SUFFIXES.get(rest)
     if endpoint is not None:
