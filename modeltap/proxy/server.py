@@ -39,6 +39,9 @@ EXPIRY_SWEEP_MAX_S = 60.0
 SHUTDOWN_TIMEOUT_S = 10.0
 
 BaseUrls = Callable[[], tuple[str, str | None]]
+# Every path, a percent-encoded newline included (`.*` stops at one, and aiohttp would answer such a
+# path with its own plain-text 404, in no client's shape and unrecorded).
+_EVERY_PATH = r"/{tail:[\s\S]*}"
 # aiohttp's own log of the connections it serves. It is not aiohttp.server, because that one echoes the
 # bytes of a request it cannot parse, which may hold a session token (`/s/TOKEN`, a Bearer header).
 _HTTP_LOG = logging.getLogger("modeltap.proxy.http")
@@ -85,8 +88,8 @@ def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.App
     app.router.add_get("/_modeltap/health", _health)
     admin.add_routes(app)
     # Connectivity checks (Claude Code's HEAD /api/hello: agent-clients.md) just need an answer.
-    app.router.add_route("HEAD", "/{tail:.*}", _head)
-    app.router.add_route("*", "/{tail:.*}", relay.handle)
+    app.router.add_route("HEAD", _EVERY_PATH, _head)
+    app.router.add_route("*", _EVERY_PATH, relay.handle)
     return app
 
 
