@@ -191,3 +191,27 @@ async def test_upstream_down_is_502_and_slow_is_504(
         with pytest.raises(openai.APIStatusError) as slow:
             await client.chat.completions.create(model="m", messages=ASK)
     assert slow.value.status_code == 504 and slow.value.body["code"] == "upstream_timeout"
+
+
+async def test_completions_responses_and_embeddings_through_every_prefix(
+    make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    with OpenAILikeStandIn() as vllm:
+        model = vllm.config.model
+        async with make_proxy(upstream=vllm.url) as proxy:
+            for base in (proxy.host_base_url, proxy.host_base_url + "/v1"):
+                async with openai_client(base) as client:
+                    completion = await client.completions.create(model=model, prompt="6 * 7 =", max_tokens=8)
+                    response = await client.responses.create(model=model, input="Say hi")
+                    streamed = await client.responses.create(model=model, input="Say hi", stream=True)
+                    events = [event.type async for event in streamed]
+                    embedding = await client.embeddings.create(model=model, input="hello")
+                assert completion.choices[0].text and response.output_text
+                assert events[-1] == "response.completed" and len(embedding.data[0].embedding) > 0
+        paths = [r.path for r in vllm.model_requests]
+    assert paths == ["/v1/completions", "/v1/responses", "/v1/responses", "/v1/embeddings"] * 2
+    rows = records(store_path)
+    assert [r["endpoint"] for r in rows] == ["completions", "responses", "responses", "embeddings"] * 2
+    assert all(r["status"] == 200 and r["error_class"] is None for r in rows)
+    streamed_row = rows[2]
+    assert streamed_row["streamed"] and streamed_row["response"]["object"] == "response"

@@ -1,0 +1,85 @@
+"""`modeltap serve` as a user runs it: it prints where to point agents, and SIGTERM / Ctrl-C stop it with
+every record flushed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from modeltap.records.store import StoreReader
+from tests.standins.areal import ArealStandIn
+
+START_TIMEOUT_S = 20.0
+REQUESTS = 20
+
+
+def start_serve(args: list[str], store: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start `modeltap serve` and read its start-up report (up to the container URLs)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modeltap", "serve", "--port", "0", "--store", str(store), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    deadline = time.monotonic() + START_TIMEOUT_S
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip())
+        if "Anthropic-style" in line and any("a Docker container" in seen for seen in lines):
+            return proc, lines
+    proc.kill()
+    pytest.fail("modeltap serve did not print its start-up report:\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_prints_its_urls_and_flushes_every_record_on_a_signal(
+    areal: ArealStandIn, tmp_path: Path, sig: signal.Signals
+) -> None:
+    store = tmp_path / "records.db"
+    proc, lines = start_serve(["--upstream", areal.url, "--model", "policy"], store)
+    report = "\n".join(lines)
+    assert "layout    auto" in report and f"upstream  {areal.url}" in report
+    port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", report).group(1))  # type: ignore[union-attr]
+    assert f"http://127.0.0.1:{port}/v1" in report and f"http://172.17.0.1:{port}/v1" in report
+    session = areal.open_session("cli")
+    for i in range(REQUESTS):
+        body = {"model": "policy", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 8}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {session.api_key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.status == 200
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=START_TIMEOUT_S)
+    assert proc.returncode == 0, out
+    assert "flushing records" in out
+    with StoreReader(store) as reader:
+        assert len(reader.exchanges()) == REQUESTS
+
+
+def test_serve_with_a_key_on_a_network_listener_prints_a_session_url(
+    areal: ArealStandIn, tmp_path: Path
+) -> None:
+    proc, lines = start_serve(["--upstream", areal.url, "--upstream-key", "sk-secret"], tmp_path / "r.db")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=START_TIMEOUT_S)
+    report = "\n".join(lines)
+    assert "lent only through this session's URLs" in report
+    assert re.search(r"http://127\.0\.0\.1:\d+/s/[A-Za-z0-9_-]{43}/v1", report)
+    assert "sk-secret" not in report
