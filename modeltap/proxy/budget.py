@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from modeltap.proxy.errors import BadRequest, OverBudget
 from modeltap.proxy.routes import Dialect, Endpoint
@@ -136,6 +136,15 @@ def completion_field(endpoint: Endpoint, body: dict[str, Any]) -> str:
     raise ValueError(f"{endpoint.value} requests have no completion budget")
 
 
+class _Shared(TypedDict):
+    """The Decision fields every outcome of `decide` sets alike, so the checker sees each one's type."""
+
+    prompt_tokens: int
+    field: str
+    limit: int
+    allowed: int
+
+
 def decide(
     endpoint: Endpoint,
     body: dict[str, Any],
@@ -155,7 +164,7 @@ def decide(
     requested = body.get(field)
     limit = limits.max_total_tokens
     room = limit - prompt_tokens
-    common = {"prompt_tokens": prompt_tokens, "field": field, "limit": limit, "allowed": max(room, 0)}
+    common = _Shared(prompt_tokens=prompt_tokens, field=field, limit=limit, allowed=max(room, 0))
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
         # Not a token count: the upstream refuses it in its own words.
         return Decision("pass", requested=None, note=f"{field} is not an integer", **common)
