@@ -1,0 +1,296 @@
+"""A bounded fuzz pass (hypothesis) over request parsing and routing: modeltap/proxy/routes.py,
+`presented_key` in modeltap/compat/clients.py, and the relay's reading of whole requests.
+
+The pure properties run a few hundred examples each; the last test sends generated requests (method,
+path with percent-encoding, credentials, content type, body) through a live proxy in front of the AReaL
+stand-in. Paths are built from the words that matter here (the session prefix and token, `v1`, the
+endpoints, AReaL's control routes, dot segments) so that the examples hit the interesting corners
+instead of random noise. Bounded so the file runs in well under 30 s on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import secrets
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from yarl import URL
+
+from modeltap.compat.clients import presented_key
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.errors import Forbidden, NotFound
+from modeltap.proxy.routes import Route, masked, resolve, session_token
+from modeltap.records.store import StoreReader
+from tests.integration.conftest import ThreadedProxy
+from tests.standins.areal import ArealStandIn
+
+TOKEN = secrets.token_urlsafe(32)
+PURE = settings(max_examples=400, deadline=timedelta(milliseconds=500))
+# Each example is one loopback round trip or two; the deadline only catches a hang.
+THROUGH_THE_PROXY = settings(
+    max_examples=150,
+    deadline=timedelta(seconds=5),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+HTTP_TIMEOUT_S = 10.0
+
+SUFFIXES = (
+    "chat/completions",
+    "completions",
+    "responses",
+    "messages",
+    "messages/count_tokens",
+    "models",
+    "embeddings",
+)
+CONTROL = (
+    "rl/set_reward",
+    "rl/start_session",
+    "rl/end_session",
+    "rl",
+    "export_trajectories",
+    "grant_capacity",
+    "call",
+    "configure",
+    "create_engine",
+    "set_env",
+    "alloc_ports",
+    "internal/wait_for_session",
+)
+# The token comes as `s/TOKEN`, where it is a credential, though not always at the start. A client can
+# also put its token in a body or a model id on purpose; that is its data, forwarded like any other.
+WORDS = [
+    "s",
+    "s/{T}",
+    "v1",
+    "..",
+    ".",
+    "",
+    "chat",
+    "completions",
+    "messages",
+    "count_tokens",
+    "models",
+    "responses",
+    "embeddings",
+    "rl",
+    "set_reward",
+    "start_session",
+    "export_trajectories",
+    "grant_capacity",
+    "internal",
+    "call",
+    "RL",
+    "Chat",
+]
+segment = st.sampled_from(WORDS) | st.text(
+    alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="/"), max_size=6
+)
+
+
+@st.composite
+def decoded_paths(draw: st.DrawFn, token: str = TOKEN) -> str:
+    """A path as aiohttp hands it to modeltap: percent-decoded once, never normalised."""
+    return "/" + "/".join(draw(st.lists(segment, max_size=7))).replace("{T}", token)
+
+
+@st.composite
+def wire_paths(draw: st.DrawFn, token: str) -> str:
+    """A path as a client might send it: some characters percent-encoded, slashes included."""
+    path = draw(decoded_paths(token))
+    encode = draw(st.sets(st.integers(0, max(len(path) - 1, 0)), max_size=4))
+    return "".join(
+        f"%{ord(c):02X}" if i in encode and i > 0 and c.isascii() else quote(c, safe="/%-._~")
+        for i, c in enumerate(path)
+    )
+
+
+def _routable(path: str, route: Route) -> bool:
+    """Whether `path` has the shape a route may come from, by a rule written apart from routes.py."""
+    prefix = rf"(s/{re.escape(route.session_token)}/)?" if route.session_token else ""
+    endpoint = "|".join(re.escape(s) for s in SUFFIXES) + r"|models/[^/]+"
+    return re.fullmatch(rf"{prefix}(v1/)*({endpoint})", path.strip("/")) is not None
+
+
+@PURE
+@given(path=decoded_paths())
+def test_resolve_routes_only_known_endpoints_and_raises_nothing_else(path: str) -> None:
+    try:
+        route = resolve(path)
+    except (NotFound, Forbidden) as error:
+        assert TOKEN not in str(error)  # the message goes back to the client and into the record
+        return
+    assert _routable(path, route), path
+    segments = path.strip("/").split("/")[: -1 if route.model_id is not None else None]
+    assert ".." not in segments and not any(c in segments for c in ("rl", "internal", "export_trajectories"))
+    assert route.session_token == session_token(path)
+    if route.model_id is not None:
+        # Quoted as the relay sends it, the id stays one segment under /models whatever yarl normalises.
+        sent = URL("http://upstream/v1/models/" + quote(route.model_id, safe=""))
+        assert sent.raw_path.startswith("/v1/models/"), route.model_id
+
+
+@PURE
+@given(
+    prefix=st.sampled_from(["", f"s/{TOKEN}/", "//", f"/s/{TOKEN}//"]),
+    v1s=st.integers(0, 3),
+    control=st.sampled_from(CONTROL),
+    tail=st.sampled_from(["", "/", "/x", ".", "/../chat/completions", "?x=1"]),
+)
+def test_control_routes_are_refused_behind_any_prefix(prefix: str, v1s: int, control: str, tail: str) -> None:
+    path = "/" + prefix + "v1/" * v1s + control + tail
+    try:
+        route = resolve(path)
+    except Forbidden:
+        return
+    except NotFound:
+        # Unroutable is as safe as refused; a plain control path behind a clean prefix must be refused.
+        assert "//" in path.strip("/") or tail not in ("", "/"), path
+        return
+    raise AssertionError(f"{path} resolved to {route}")
+
+
+@PURE
+@given(before=st.lists(segment, max_size=3), after=st.lists(segment, max_size=3), upper=st.booleans())
+def test_masked_paths_never_show_a_token(before: list[str], after: list[str], upper: bool) -> None:
+    path = "/" + "/".join([*before, "S" if upper else "s", TOKEN, *after]).replace("{T}", TOKEN)
+    shown = masked(path)
+    assert TOKEN not in shown
+    assert shown.count("/") == path.count("/")  # only the token went
+
+
+@PURE
+@given(
+    authorization=st.none() | st.text(max_size=40),
+    api_key=st.none() | st.text(max_size=40),
+    scheme=st.sampled_from(["Bearer", "bearer", "BEARER", "Basic", ""]),
+)
+def test_presented_key_takes_bearer_then_x_api_key(
+    authorization: str | None, api_key: str | None, scheme: str
+) -> None:
+    headers = {}
+    if authorization is not None:
+        headers["Authorization"] = f"{scheme} {authorization}" if scheme else authorization
+    if api_key is not None:
+        headers["x-api-key"] = api_key
+    key = presented_key(headers)
+    assert key is None or (key == key.strip() and key and any(key in v for v in headers.values()))
+    if scheme.lower() == "bearer" and authorization is not None and authorization.strip():
+        assert key == authorization.strip()
+    elif api_key is not None and api_key.strip():
+        assert key == api_key.strip()
+
+
+# -- through a live proxy --------------------------------------------------------------------------
+
+CONTENT_TYPES = [
+    "application/json",
+    "application/json; charset=utf-8",
+    "application/vnd.api+json",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    None,
+]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+bodies = st.one_of(
+    st.fixed_dictionaries(
+        {"model": st.text(max_size=10), "messages": st.just([{"role": "user", "content": "hi"}])},
+        optional={"stream": st.booleans(), "max_tokens": st.integers(-5, 100), "extra": json_values},
+    ).map(lambda d: json.dumps(d).encode()),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=64),
+    st.integers(1, 3000).map(lambda depth: b"[" * depth + b"]" * depth),
+    st.just(b'{"model": "m", "messages": [{"role": "user", "content": "hi"'),
+)
+
+
+@st.composite
+def requests(draw: st.DrawFn, token: str) -> dict[str, Any]:
+    return {
+        "method": draw(st.sampled_from(["POST", "POST", "GET", "PUT", "DELETE"])),
+        "path": draw(wire_paths(token)),
+        "credentials": draw(st.sampled_from(["none", "bearer", "x-api-key", "other"])),
+        "content_type": draw(st.sampled_from(CONTENT_TYPES)),
+        "body": draw(bodies),
+    }
+
+
+def _send(port: int, token: str, request: dict[str, Any]) -> tuple[int, str, bytes]:
+    headers = {
+        "bearer": {"Authorization": f"Bearer {token}"},
+        "x-api-key": {"x-api-key": token},
+        "other": {"Authorization": "Bearer sk-somebody-else"},
+        "none": {},
+    }[request["credentials"]]
+    if request["content_type"] is not None:
+        headers["Content-Type"] = request["content_type"]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
+    try:
+        conn.request(request["method"], request["path"], body=request["body"], headers=headers)
+        response = conn.getresponse()
+        return response.status, response.getheader("Content-Type") or "", response.read()
+    finally:
+        conn.close()
+
+
+def _in_a_dialect(body: bytes) -> bool:
+    doc = json.loads(body)
+    openai_shaped = set(doc) == {"error"} and {"message", "type", "param", "code"} <= set(doc["error"])
+    anthropic_shaped = doc.get("type") == "error" and {"type", "message"} <= set(doc.get("error", {}))
+    return openai_shaped or anthropic_shaped
+
+
+async def _open_session(proxy: Any, key: str) -> str:
+    return str(proxy.sessions.open(upstream_key=key, labels={"task_id": "fuzz"}).token)
+
+
+def test_fuzzed_requests_through_the_proxy(tmp_path: Path) -> None:
+    """Whatever arrives: no 500 of the proxy's own, errors in a client's shape, no control route and no
+    session token reaching the upstream, and every request that reached the relay recorded once."""
+    store = tmp_path / "records.db"
+    sent = 0
+    with ArealStandIn() as areal:
+        upstream = areal.open_session("fuzz")
+        config = ProxyConfig(upstream=areal.url, host="127.0.0.1", port=0, store=str(store), layout="areal")
+        threaded = ThreadedProxy(config)
+        with threaded as proxy:
+            token = threaded.call(_open_session(proxy, upstream.api_key))
+            assert proxy.port is not None
+
+            @THROUGH_THE_PROXY
+            @given(request=requests(token))
+            def one(request: dict[str, Any]) -> None:
+                nonlocal sent
+                before = len(areal.requests)
+                status, content_type, body = _send(proxy.port, token, request)
+                sent += 1
+                forwarded = areal.requests[before:]
+                assert content_type.startswith(("application/json", "text/event-stream")), (status, body)
+                if not forwarded:
+                    assert status in (200, 400, 401, 403, 404, 405, 413), (status, body)
+                    assert status == 200 or _in_a_dialect(body), body
+                for call in forwarded:
+                    assert not re.match(r"/(rl|internal|export_trajectories|grant_capacity)\b", call.path)
+                    assert token not in call.path_qs and token.encode() not in call.raw
+                    assert not any(token in value for value in call.headers.values())
+
+            one()
+        assert [i.reward for i in upstream.interactions if i.reward is not None] == []
+    with StoreReader(store) as reader:
+        rows = reader.exchanges()
+    assert len(rows) == sent
+    assert [
+        (r["path"], r["error_message"]) for r in rows if token in r["path"] + (r["error_message"] or "")
+    ] == []
+    assert sum(r["session_id"] is not None and r["labels"] == {"task_id": "fuzz"} for r in rows) > 0
