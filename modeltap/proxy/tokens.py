@@ -28,7 +28,7 @@ import threading
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jinja2
 import tiktoken
@@ -224,8 +224,9 @@ class TokenCounter:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
             raise CountError(f"cannot render the prompt of this {endpoint.value} request: {exc}") from exc
         # The template writes BOS itself where the model has one, so the rendered text is encoded
-        # without special tokens (token-budgets.md §5.1 step 3, §5.2 "Double BOS").
-        return self._count_text(text, add_special_tokens=False)
+        # without special tokens (token-budgets.md §5.1 step 3, §5.2 "Double BOS"). One conversation
+        # with tokenize=False renders one str: transformers types the result as every mode's union.
+        return self._count_text(cast(str, text), add_special_tokens=False)
 
     def _prompt(
         self, endpoint: Endpoint, body: dict[str, Any]
@@ -331,7 +332,7 @@ def _template_wants_string_content(template: str) -> bool:
     except jinja2.TemplateSyntaxError:
         return True
     for loop in ast.find_all(jinja2.nodes.For):
-        node = loop.iter
+        node: jinja2.nodes.Node | None = loop.iter
         while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) or (
             isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
         ):
@@ -392,7 +393,7 @@ def _tiktoken_encoder(spec: dict[str, Any], backend: Any) -> Callable[[str], lis
         )
     except ValueError:
         return None
-    encoder = encoding.encode_ordinary
+    encoder: Callable[[str], list[int]] = encoding.encode_ordinary
     if spec.get("normalizer") is not None:
         # Qwen's tokenizer.json carries an NFC normaliser, which tiktoken does not apply itself.
         encoder = _nfc_first(encoding)
