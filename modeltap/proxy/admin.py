@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from modeltap.compat.clients import presented_key
 from modeltap.proxy.context import CONTEXT
@@ -57,7 +58,7 @@ def _authorize(request: web.Request) -> None:
         )
 
 
-def _guarded(handler: Any) -> Any:
+def _guarded(handler: Handler) -> Handler:
     async def wrapper(request: web.Request) -> web.StreamResponse:
         try:
             _authorize(request)
