@@ -22,7 +22,9 @@ def stream_events(ex: dict[str, Any], raw: bytes | None, *, include_usage: bool 
     chunk. A stream that was cut short is re-synthesised without its final event, as it happened."""
     if raw is not None:
         return split_events(raw)
-    request = ex.get("request") if isinstance(ex.get("request"), dict) else {}
+    request = ex.get("request")
+    if not isinstance(request, dict):
+        request = {}
     if include_usage is None:
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     complete = ex.get("stream_complete") is not False
@@ -71,7 +73,9 @@ def _event(kind: str, value: dict[str, Any]) -> bytes:
 def _chat_stream(body: dict[str, Any], include_usage: bool) -> list[bytes]:
     """Role, reasoning, content, one chunk per tool call, the finish chunk (with the choice's
     logprobs), an optional usage chunk with `choices: []`, then `[DONE]`."""
-    stamp = {k: body.get(k) for k in ("id", "created", "model", "system_fingerprint") if k in body}
+    stamp: dict[str, Any] = {
+        k: body.get(k) for k in ("id", "created", "model", "system_fingerprint") if k in body
+    }
     stamp["object"] = "chat.completion.chunk"
     events = []
     for choice in body.get("choices") or []:
@@ -104,7 +108,7 @@ def _chat_chunk(
 
 
 def _completions_stream(body: dict[str, Any], include_usage: bool) -> list[bytes]:
-    stamp = {k: body.get(k) for k in ("id", "created", "model") if k in body}
+    stamp: dict[str, Any] = {k: body.get(k) for k in ("id", "created", "model") if k in body}
     stamp["object"] = "text_completion"
     events = [_data({**stamp, "choices": [choice]}) for choice in body.get("choices") or []]
     if include_usage and body.get("usage") is not None:
