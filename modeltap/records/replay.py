@@ -100,7 +100,7 @@ async def replay(
 async def _resend(client: aiohttp.ClientSession, base_url: str, ex: dict[str, Any]) -> None:
     """Send one recorded request and read its answer to the end (the proxy records it)."""
     request = ex.get("request")
-    headers = {hdrs.CONTENT_TYPE: "application/json"}
+    headers: dict[str, str] = {hdrs.CONTENT_TYPE: "application/json"}
     if ex["user_agent"]:
         headers[hdrs.USER_AGENT] = ex["user_agent"]
     if ex["endpoint"] in ("messages", "count_tokens"):
@@ -315,7 +315,8 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     mock = request.app[_MOCK]
     raw = await request.read()
     try:
-        body = json.loads(raw) if raw else None
+        # Whatever JSON value the client sent, or its text when it is not JSON.
+        body: Any = json.loads(raw) if raw else None
     except ValueError:
         body = raw.decode("utf-8", "replace")
     entry = mock.match(request.method, request.path_qs, body)
