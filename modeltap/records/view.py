@@ -399,7 +399,7 @@ def _wrapped(prefix: str, text: str, width: int | None) -> Iterator[str]:
         yield (prefix if n == 0 else pad) + line
 
 
-def _columns(rows: list[tuple[str, ...]]) -> str:
+def _columns(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
