@@ -796,12 +796,12 @@ def check(
             findings.extend(replace(f, rule=rule_id) for f in rule(ctx))
         except Unresolved as exc:
             skipped.setdefault(exc.path, (exc, []))[1].append(rule_id)
-    for path, (exc, rule_ids) in skipped.items():
+    for path, (unresolved, rule_ids) in skipped.items():
         title = f"{path} could not be read, so {', '.join(rule_ids)} went unchecked"
         fix = f"++{path}=VALUE"
-        if exc.needs:
-            fix = f"export {exc.needs}=... as the trainer will have it, or {fix}"
-        findings.append(Finding("info", path, title, exc.reason, fix, rule_ids[0]))
+        if unresolved.needs:
+            fix = f"export {unresolved.needs}=... as the trainer will have it, or {fix}"
+        findings.append(Finding("info", path, title, unresolved.reason, fix, rule_ids[0]))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: order[f.severity])
 
