@@ -88,7 +88,7 @@ def typed_messages(messages: Any) -> list[Any]:
 
 
 def _typed_message(message: Any) -> Any:
-    fields = _TYPED_MESSAGE_FIELDS.get(message.get("role")) if isinstance(message, dict) else None
+    fields = _TYPED_MESSAGE_FIELDS.get(message.get("role", "")) if isinstance(message, dict) else None
     if fields is None:
         return message
     typed = _only(message, fields)
