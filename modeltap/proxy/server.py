@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 EXPIRY_SWEEP_MAX_S = 60.0
 # How long a graceful stop waits for running exchanges (a stream mid-generation) before cancelling them.
 SHUTDOWN_TIMEOUT_S = 10.0
+# Connections waiting to be accepted. AReaL starts hundreds of rollouts at once; with aiohttp's default
+# of 128, 2,000 agents connecting together overflowed it 132 times (a dropped SYN is retried 1 s later):
+# benchmarks/load_sessions.py. The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
 
 BaseUrls = Callable[[], tuple[str, str | None]]
 # Every path, a percent-encoded newline included (`.*` stops at one, and aiohttp would answer such a
@@ -208,7 +212,9 @@ class Proxy:
             )
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
-            site = web.TCPSite(runner, self.config.host, self.config.port, reuse_address=True)
+            site = web.TCPSite(
+                runner, self.config.host, self.config.port, reuse_address=True, backlog=LISTEN_BACKLOG
+            )
             await site.start()
             self.port = runner.addresses[0][1]
             self._stack = stack.pop_all()
