@@ -235,7 +235,10 @@ class DockerProvider(_Closing):
 
     async def _clients(self) -> tuple[docker.DockerClient, docker.DockerClient]:
         if self._client is None or self._streams is None:
-            self._client, self._streams = await _in_thread("docker-connect", _connect)
+            # Through locals: with the Optional attributes as targets, mypy takes the call's type from
+            # them and cannot narrow them.
+            client, streams = await _in_thread("docker-connect", _connect)
+            self._client, self._streams = client, streams
         return self._client, self._streams
 
     async def prepare(self, images: Iterable[str]) -> None:
@@ -353,7 +356,8 @@ def _connect() -> tuple[docker.DockerClient, docker.DockerClient]:
         control.ping()
         # Exec output arrives whenever the command writes; silence is not a fault, so this client
         # has no read timeout (the run's own timeout bounds it).
-        streams = docker.from_env(timeout=None, max_pool_size=DOCKER_POOL_SIZE)
+        # types-docker declares timeout an int, but docker hands it to requests, where None is no timeout.
+        streams = docker.from_env(timeout=None, max_pool_size=DOCKER_POOL_SIZE)  # type: ignore[arg-type]
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise SandboxError(
             f"cannot reach the Docker daemon ({exc}); start dockerd (or set DOCKER_HOST), "
@@ -380,6 +384,7 @@ def _ensure_image(client: docker.DockerClient, image: str) -> None:
 
 
 def _create(client: docker.DockerClient, spec: SandboxSpec, labels: dict[str, str]) -> Any:
+    assert spec.image is not None, "DockerProvider.open refuses a spec without an image"
     mounts = [
         docker.types.Mount(m.target, str(m.source), type="bind", read_only=m.read_only) for m in spec.mounts
     ]
@@ -451,7 +456,7 @@ def _remove(container: Any) -> None:
             raise SandboxError(f"cannot remove container {container.id[:12]}: {exc}") from exc
 
 
-def _list(client: docker.DockerClient, filters: dict[str, str]) -> list[Any]:
+def _list(client: docker.DockerClient, filters: dict[str, str | list[str] | bool]) -> list[Any]:
     try:
         found: list[Any] = client.containers.list(all=True, filters=filters)
     except docker.errors.DockerException as exc:
