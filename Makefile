@@ -43,6 +43,7 @@ test-pytest: setup
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 demo: venv agents
 	$(VENV)/bin/modeltap demo
