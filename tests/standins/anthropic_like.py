@@ -14,7 +14,6 @@ scripted reply (script.py) or logging and faults (server.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,21 +28,12 @@ from tests.standins.script import (
     reply_tokens,
     shell_arithmetic,
 )
-from tests.standins.server import (
-    Dialect,
-    FaultKind,
-    StandIn,
-    json_response,
-    request_body,
-    send_json,
-    send_sse,
-)
+from tests.standins.server import SSE_HEADERS, BackendError, Dialect, FaultKind, StandIn
 from tests.standins.wire import hex_id, text_pieces
 
 DEFAULT_MODEL = "claude-standin"
 # Anthropic's models take 200k-token prompts; the refusal message quoted in agent-clients.md uses it.
 DEFAULT_CONTEXT_WINDOW = 200_000
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 MODEL_PATHS = frozenset({"/v1/messages"})
 REQUIRED_FIELDS = ("model", "max_tokens", "messages")
 
@@ -58,33 +48,14 @@ class AnthropicLikeConfig:
     script: Script = shell_arithmetic
 
 
-class AnthropicError(Exception):
+class AnthropicError(BackendError):
     """An error answered as `{"type": "error", "error": {"type", "message"}}`."""
 
     def __init__(self, status: int, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
+        super().__init__(status, anthropic_wire.error(error_type, message))
 
 
 CONFIG = web.AppKey("anthropic_like_config", AnthropicLikeConfig)
-
-Handler = Callable[[web.Request, AnthropicLikeConfig], Awaitable[web.StreamResponse]]
-
-
-def _route(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """Run a handler with the app's config after the auth check, answering errors in Anthropic's shape."""
-
-    async def run(request: web.Request) -> web.StreamResponse:
-        config = request.app[CONFIG]
-        try:
-            _check_key(request, config)
-            return await handler(request, config)
-        except AnthropicError as error:
-            return json_response(anthropic_wire.error(error.error_type, error.message), error.status)
-
-    return run
 
 
 def _check_key(request: web.Request, config: AnthropicLikeConfig) -> None:
@@ -97,11 +68,15 @@ def _check_key(request: web.Request, config: AnthropicLikeConfig) -> None:
         raise AnthropicError(401, "authentication_error", "invalid x-api-key")
 
 
+# Every handler runs after the key check.
+_route = server.with_state(CONFIG, check=_check_key)
+
+
 def _checked_body(
     request: web.Request, config: AnthropicLikeConfig, required: tuple[str, ...]
 ) -> tuple[dict[str, Any], int]:
     """The request body and its prompt tokens, or the API's 400 for a bad body or an over-long prompt."""
-    body = request_body(request)
+    body = server.request_body(request)
     if not isinstance(body, dict):
         raise AnthropicError(400, "invalid_request_error", "The request body is not valid JSON.")
     for name in required:
@@ -170,13 +145,13 @@ async def _messages(request: web.Request, config: AnthropicLikeConfig) -> web.St
         text_before_tool=False,
     )
     if body.get("stream") is True:
-        return await send_sse(request, _events(reply, message), SSE_HEADERS)
-    return await send_json(request, message)
+        return await server.send_sse(request, _events(reply, message), SSE_HEADERS)
+    return await server.send_json(request, message)
 
 
 async def _count_tokens(request: web.Request, config: AnthropicLikeConfig) -> web.StreamResponse:
     _, prompt_tokens = _checked_body(request, config, ("model", "messages"))
-    return json_response({"input_tokens": prompt_tokens})
+    return server.json_response({"input_tokens": prompt_tokens})
 
 
 async def _models(request: web.Request, config: AnthropicLikeConfig) -> web.StreamResponse:
@@ -186,7 +161,7 @@ async def _models(request: web.Request, config: AnthropicLikeConfig) -> web.Stre
         "display_name": "Stand-in",
         "created_at": "2026-01-01T00:00:00Z",
     }
-    return json_response(
+    return server.json_response(
         {"data": [card], "has_more": False, "first_id": config.model, "last_id": config.model}
     )
 

@@ -24,7 +24,8 @@ import hmac
 import json
 import secrets
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,27 +42,14 @@ from tests.standins.script import (
     responses_conversation,
     shell_arithmetic,
 )
-from tests.standins.server import (
-    Dialect,
-    FaultKind,
-    StandIn,
-    json_response,
-    request_body,
-    request_raw,
-    send_json,
-    send_sse,
-)
-from tests.standins.wire import hex_id
+from tests.standins.server import BackendError, Dialect, FaultKind, StandIn
+from tests.standins.wire import fastapi_route_error, hex_id
 
 DEFAULT_ADMIN_KEY = "standin-admin-key"
 # AReaL's completions carry `model: "None"` whatever the request named (areal-tier.md §5).
 MODEL = "None"
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    "Connection": "keep-alive",
-    "X-Accel-Buffering": "no",
-}
+# AReaL's StreamingResponse adds these two to the headers every backend sends.
+SSE_HEADERS = {**server.SSE_HEADERS, "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 MODEL_PATHS = frozenset({"/chat/completions", "/responses", "/v1/messages"})
 MISSING_TOKEN = (
     "Missing or malformed Authorization header. Expected 'Bearer <token>' or 'x-api-key: <token>'."
@@ -83,17 +71,25 @@ RESPONSES_WITHOUT_TOOLS = (
 )
 
 
-class ArealError(Exception):
+class ArealError(BackendError):
     """An HTTPException of the real server: answered as `{"detail": detail}` with `status`."""
 
     def __init__(self, status: int, detail: Any) -> None:
-        super().__init__(status, detail)
-        self.status = status
+        super().__init__(status, {"detail": detail})
         self.detail = detail
 
     def streamed(self) -> ArealError:
         """The same error raised while a stream is set up: a 500 embedding `str(exc)` (PRS:720-724)."""
         return ArealError(500, f"Streaming setup failed: {self.status}: {self.detail}")
+
+
+@contextmanager
+def _stream_setup(streamed: bool) -> Iterator[None]:
+    """Checks made while a stream is set up: an ArealError raised in them becomes its `streamed()` form."""
+    try:
+        yield
+    except ArealError as error:
+        raise error.streamed() if streamed else error from None
 
 
 @dataclass
@@ -212,9 +208,9 @@ def _fastapi_body(request: web.Request) -> Any:
     """The body as FastAPI reads a typed body before any dependency runs: JSON unless the content type
     is something else, and 422 `json_invalid` when it does not parse."""
     media_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    raw = request_raw(request)
+    raw = server.request_raw(request)
     if not (media_type == "application/json" or media_type.endswith("+json")) or not raw:
-        return request_body(request)
+        return server.request_body(request)
     try:
         return json.loads(raw)
     except ValueError as error:
@@ -293,28 +289,16 @@ def _check_chat_arguments(body: dict[str, Any]) -> None:
         )
 
 
-Handler = Callable[[web.Request, ArealState], Awaitable[web.StreamResponse]]
-
-
-def _route(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """Run a handler with the app's state, answering ArealError as FastAPI answers HTTPException."""
-
-    async def run(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request, request.app[AREAL])
-        except ArealError as error:
-            return json_response({"detail": error.detail}, error.status)
-
-    return run
+_route = server.with_state(AREAL)
 
 
 async def _health(request: web.Request, state: ArealState) -> web.StreamResponse:
-    return json_response({"status": "ok", "initialized": True})
+    return server.json_response({"status": "ok", "initialized": True})
 
 
 async def _grant_capacity(request: web.Request, state: ArealState) -> web.StreamResponse:
     state.check_admin(_token(request))
-    return json_response({"capacity": state.grant_capacity()})
+    return server.json_response({"capacity": state.grant_capacity()})
 
 
 async def _start_session(request: web.Request, state: ArealState) -> web.StreamResponse:
@@ -322,14 +306,14 @@ async def _start_session(request: web.Request, state: ArealState) -> web.StreamR
     state.check_admin(_token(request))
     body = _require_fields(body, ["task_id"])
     session = state.start_session(str(body["task_id"]), body.get("api_key"))
-    return json_response({"session_id": session.session_id, "api_key": session.api_key})
+    return server.json_response({"session_id": session.session_id, "api_key": session.api_key})
 
 
 async def _end_session(request: web.Request, state: ArealState) -> web.StreamResponse:
     session = state.session_for_key(_token(request))
     session.ended = True
     session.finished.set()
-    return json_response({"message": "success", "interaction_count": len(session.interactions)})
+    return server.json_response({"message": "success", "interaction_count": len(session.interactions)})
 
 
 async def _set_reward(request: web.Request, state: ArealState) -> web.StreamResponse:
@@ -347,7 +331,7 @@ async def _set_reward(request: web.Request, state: ArealState) -> web.StreamResp
             raise ArealError(400, f"Interaction {interaction_id} not found")
         target = matches[0]
     target.reward = float(body["reward"])
-    return json_response({"message": "success"})
+    return server.json_response({"message": "success"})
 
 
 async def _export_trajectories(request: web.Request, state: ArealState) -> web.StreamResponse:
@@ -376,7 +360,7 @@ async def _export_trajectories(request: web.Request, state: ArealState) -> web.S
         for i, reward in zip(session.interactions, rewards, strict=True)
         if i.response is not None
     }
-    return json_response({"interactions": exported})
+    return server.json_response({"interactions": exported})
 
 
 def _chat_chunk(
@@ -432,11 +416,9 @@ async def _chat_completions(request: web.Request, state: ArealState) -> web.Stre
     body = _require_chat_params(body)
     streamed = body.get("stream") is True
     prompt_tokens = approx_tokens(body.get("messages"), body.get("tools"))
-    try:
+    with _stream_setup(streamed):
         _check_chat_arguments(body)
         state.check_prompt(prompt_tokens, "max_total_tokens")
-    except ArealError as error:
-        raise error.streamed() if streamed else error from None
     reply = state.script(chat_conversation(body))
     completion = openai_wire.chat_completion(
         reply,
@@ -449,8 +431,8 @@ async def _chat_completions(request: web.Request, state: ArealState) -> web.Stre
     )
     session.record("chat", body, completion["id"]).response = completion
     if streamed:
-        return await send_sse(request, _chat_chunks(completion), SSE_HEADERS)
-    return await send_json(request, completion)
+        return await server.send_sse(request, _chat_chunks(completion), SSE_HEADERS)
+    return await server.send_json(request, completion)
 
 
 async def _responses(request: web.Request, state: ArealState) -> web.StreamResponse:
@@ -469,7 +451,7 @@ async def _responses(request: web.Request, state: ArealState) -> web.StreamRespo
     )
     interaction.response = {**response, "id": interaction.interaction_id}
     # PRS:733-750 has no streaming branch: `stream` is answered with the whole object.
-    return await send_json(request, interaction.response)
+    return await server.send_json(request, interaction.response)
 
 
 def _message_events(reply: Reply, message: dict[str, Any], request_model: str) -> list[bytes]:
@@ -503,7 +485,7 @@ def _message_events(reply: Reply, message: dict[str, Any], request_model: str) -
 async def _messages(request: web.Request, state: ArealState) -> web.StreamResponse:
     _require_json(request)
     session = state.session_for_key(_token(request))
-    body = request_body(request)
+    body = server.request_body(request)
     if not isinstance(body, dict):
         # The raw `await request.json()` (PRS:838) raises outside any handler: Starlette's plain 500.
         return web.Response(status=500, text="Internal Server Error")
@@ -511,10 +493,8 @@ async def _messages(request: web.Request, state: ArealState) -> web.StreamRespon
         raise ArealError(400, "Invalid Anthropic request format: 'messages'")
     streamed = body.get("stream") is True
     prompt_tokens = approx_tokens(body.get("system"), body.get("messages"), body.get("tools"))
-    try:
+    with _stream_setup(streamed):
         state.check_prompt(prompt_tokens, "max_total_tokens")
-    except ArealError as error:
-        raise error.streamed() if streamed else error from None
     reply = state.script(messages_conversation(body))
     message = anthropic_wire.message(
         reply,
@@ -527,10 +507,10 @@ async def _messages(request: web.Request, state: ArealState) -> web.StreamRespon
     )
     session.record("messages", body, message["id"]).response = message
     if streamed:
-        return await send_sse(
+        return await server.send_sse(
             request, _message_events(reply, message, str(body.get("model", "default"))), SSE_HEADERS
         )
-    return await send_json(request, message)
+    return await server.send_json(request, message)
 
 
 def _fault_error(kind: FaultKind, body: Any) -> tuple[int, Any]:
@@ -555,9 +535,9 @@ def _fault_error(kind: FaultKind, body: Any) -> tuple[int, Any]:
 DIALECT = Dialect(
     name="areal",
     model_paths=MODEL_PATHS,
-    route_error=lambda status: {"detail": "Not Found" if status == 404 else "Method Not Allowed"},
+    route_error=fastapi_route_error,
     fault_error=_fault_error,
-    broken_sse=b"data: {not json\n\n",
+    broken_sse=openai_wire.BROKEN_SSE,
 )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,21 +35,12 @@ from tests.standins.script import (
     responses_conversation,
     shell_arithmetic,
 )
-from tests.standins.server import (
-    Dialect,
-    FaultKind,
-    StandIn,
-    json_response,
-    request_body,
-    send_json,
-    send_sse,
-)
-from tests.standins.wire import hex_id, text_pieces
+from tests.standins.server import SSE_HEADERS, BackendError, Dialect, FaultKind, StandIn
+from tests.standins.wire import fastapi_route_error, hex_id, text_pieces
 
 Flavor = Literal["vllm", "sglang"]
 DEFAULT_MODEL = "standin-model"
 DEFAULT_MAX_MODEL_LEN = 32768
-SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 MODEL_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"})
 # Small and fixed: enough for a client to parse a vector, nothing to compute.
 EMBEDDING_DIMENSIONS = 8
@@ -66,31 +57,33 @@ class OpenAILikeConfig:
     script: Script = shell_arithmetic
 
 
-class OpenAIError(Exception):
-    """An error answered in the flavour's shape."""
+class OpenAIError(BackendError):
+    """An error answered in the flavour's shape: vLLM nests it (token-budgets.md §2.3), SGLang's body is
+    flat (§1.4)."""
 
     def __init__(
-        self, status: int, message: str, error_type: str, param: str | None = None, code: Any = None
+        self,
+        flavor: Flavor,
+        status: int,
+        message: str,
+        error_type: str,
+        param: str | None = None,
+        code: Any = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.error_type = error_type
-        self.param = param
-        self.code = status if code is None else code
+        fields = {
+            "message": message,
+            "type": error_type,
+            "param": param,
+            "code": status if code is None else code,
+        }
+        super().__init__(status, {"error": fields} if flavor == "vllm" else {"object": "error", **fields})
 
 
-class _UnauthorizedError(Exception):
-    """No or the wrong API key, when the stand-in was given one."""
-
+# The API-key middleware of both servers answers a bare {"error": "Unauthorized"}; it is not in the
+# reference notes, but it is what their api_server sources return.
+UNAUTHORIZED_BODY = {"error": "Unauthorized"}
 
 CONFIG = web.AppKey("openai_like_config", OpenAILikeConfig)
-
-
-def _error_body(flavor: Flavor, error: OpenAIError) -> dict[str, Any]:
-    """vLLM nests the error (token-budgets.md §2.3); SGLang's body is flat (§1.4)."""
-    fields = {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}
-    return {"error": fields} if flavor == "vllm" else {"object": "error", **fields}
 
 
 # Each flavour's length refusals, word for word (token-budgets.md §1.1 SGLang, §2.1 vLLM 0.33).
@@ -124,22 +117,25 @@ def _check_context(config: OpenAILikeConfig, prompt: int, output: int | None, pa
     if config.flavor == "sglang":
         if prompt >= window:
             raise OpenAIError(
-                400, SGLANG_INPUT_TOO_LONG.format(prompt=prompt, window=window), "BadRequestError"
+                config.flavor,
+                400,
+                SGLANG_INPUT_TOO_LONG.format(prompt=prompt, window=window),
+                "BadRequestError",
             )
         if output is not None and prompt + output > window:
             message = SGLANG_TOTAL_TOO_LONG.format(
                 window=window, total=prompt + output, prompt=prompt, output=output
             )
-            raise OpenAIError(400, message, "BadRequestError")
+            raise OpenAIError(config.flavor, 400, message, "BadRequestError")
     elif output is not None and output > window:
         message = VLLM_OUTPUT_TOO_LONG.format(param=param, output=output, window=window)
-        raise OpenAIError(400, message, "BadRequestError", param)
+        raise OpenAIError(config.flavor, 400, message, "BadRequestError", param)
     elif prompt > window:
         message = VLLM_PROMPT_TOO_LONG.format(window=window, prompt=prompt)
-        raise OpenAIError(400, message, "BadRequestError", "input_tokens")
+        raise OpenAIError(config.flavor, 400, message, "BadRequestError", "input_tokens")
     elif prompt == window:
         message = VLLM_PROMPT_FILLS_WINDOW.format(prompt=prompt, window=window)
-        raise OpenAIError(400, message, "BadRequestError", "input_tokens")
+        raise OpenAIError(config.flavor, 400, message, "BadRequestError", "input_tokens")
 
 
 def _check_request(request: web.Request, config: OpenAILikeConfig, required: str) -> dict[str, Any]:
@@ -147,14 +143,15 @@ def _check_request(request: web.Request, config: OpenAILikeConfig, required: str
     if config.api_key is not None:
         authorization = request.headers.get("authorization", "")
         if authorization != f"Bearer {config.api_key}":
-            # The API-key middleware of both servers answers a bare {"error": "Unauthorized"}; it is not in
-            # the reference notes, but it is what their api_server sources return.
-            raise _UnauthorizedError
-    body = request_body(request)
+            raise BackendError(401, UNAUTHORIZED_BODY)
+    body = server.request_body(request)
     if not isinstance(body, dict):
-        raise OpenAIError(400, "Expecting a JSON object as the request body", "BadRequestError")
+        raise OpenAIError(
+            config.flavor, 400, "Expecting a JSON object as the request body", "BadRequestError"
+        )
     if required not in body:
         raise OpenAIError(
+            config.flavor,
             400,
             f"[{{'type': 'missing', 'loc': ('body', '{required}'), 'msg': 'Field required'}}]",
             "BadRequestError",
@@ -162,30 +159,13 @@ def _check_request(request: web.Request, config: OpenAILikeConfig, required: str
     model = body.get("model")
     # vLLM checks the served name (404 NotFoundError, param "model"); SGLang serves whatever is asked.
     if config.flavor == "vllm" and model is not None and model != config.model:
-        raise OpenAIError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        raise OpenAIError(
+            config.flavor, 404, f"The model `{model}` does not exist.", "NotFoundError", "model"
+        )
     return body
 
 
-class _UnauthorizedError(Exception):
-    """No or the wrong API key, when the stand-in was given one."""
-
-
-Handler = Callable[[web.Request, OpenAILikeConfig], Awaitable[web.StreamResponse]]
-
-
-def _route(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """Run a handler with the app's config, answering its errors in the flavour's shape."""
-
-    async def run(request: web.Request) -> web.StreamResponse:
-        config = request.app[CONFIG]
-        try:
-            return await handler(request, config)
-        except _UnauthorizedError:
-            return json_response({"error": "Unauthorized"}, 401)
-        except OpenAIError as error:
-            return json_response(_error_body(config.flavor, error), error.status)
-
-    return run
+_route = server.with_state(CONFIG)
 
 
 def _max_tokens(body: dict[str, Any]) -> tuple[int | None, str]:
@@ -250,8 +230,8 @@ async def _chat_completions(request: web.Request, config: OpenAILikeConfig) -> w
     )
     if body.get("stream") is True:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await send_sse(request, _chat_chunks(completion, include_usage), SSE_HEADERS)
-    return await send_json(request, completion)
+        return await server.send_sse(request, _chat_chunks(completion, include_usage), SSE_HEADERS)
+    return await server.send_json(request, completion)
 
 
 async def _completions(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
@@ -274,8 +254,8 @@ async def _completions(request: web.Request, config: OpenAILikeConfig) -> web.St
         ]
         pieces[-1]["finish_reason"] = "stop"
         chunks = [openai_wire.sse_data({**stamp, "choices": [piece]}) for piece in pieces]
-        return await send_sse(request, [*chunks, openai_wire.SSE_DONE], SSE_HEADERS)
-    return await send_json(request, completion)
+        return await server.send_sse(request, [*chunks, openai_wire.SSE_DONE], SSE_HEADERS)
+    return await server.send_json(request, completion)
 
 
 async def _responses(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
@@ -291,8 +271,8 @@ async def _responses(request: web.Request, config: OpenAILikeConfig) -> web.Stre
         completion_tokens=reply_tokens(reply),
     )
     if body.get("stream") is True:
-        return await send_sse(request, openai_wire.response_events(response), SSE_HEADERS)
-    return await send_json(request, response)
+        return await server.send_sse(request, openai_wire.response_events(response), SSE_HEADERS)
+    return await server.send_json(request, response)
 
 
 def _embedding(text: str) -> list[float]:
@@ -315,7 +295,7 @@ async def _embeddings(request: web.Request, config: OpenAILikeConfig) -> web.Str
         "model": body.get("model") or config.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    return await send_json(request, answer)
+    return await server.send_json(request, answer)
 
 
 async def _models(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
@@ -328,7 +308,7 @@ async def _models(request: web.Request, config: OpenAILikeConfig) -> web.StreamR
         "parent": None,
         "max_model_len": config.max_model_len,
     }
-    return json_response({"object": "list", "data": [card]})
+    return server.json_response({"object": "list", "data": [card]})
 
 
 async def _health(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
@@ -342,6 +322,7 @@ def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
         model = body.get("model") if isinstance(body, dict) else None
         errors = {
             "404": OpenAIError(
+                flavor,
                 404,
                 f"The model `{model}` does not exist or you do not have access to it.",
                 "invalid_request_error",
@@ -349,6 +330,7 @@ def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
                 "model_not_found",
             ),
             "400ctx": OpenAIError(
+                flavor,
                 400,
                 "This model's maximum context length is 8192 tokens. However, your messages resulted in "
                 "9000 tokens. Please reduce the length of the messages.",
@@ -357,6 +339,7 @@ def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
                 "context_length_exceeded",
             ),
             "401": OpenAIError(
+                flavor,
                 401,
                 "Incorrect API key provided: sk-test***.",
                 "invalid_request_error",
@@ -364,9 +347,10 @@ def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
                 "invalid_api_key",
             ),
             "429": OpenAIError(
-                429, "Rate limit reached (stand-in)", "rate_limit_error", None, "rate_limit_exceeded"
+                flavor, 429, "Rate limit reached (stand-in)", "rate_limit_error", None, "rate_limit_exceeded"
             ),
             "500": OpenAIError(
+                flavor,
                 500,
                 "The server had an error while processing your request.",
                 "server_error",
@@ -375,7 +359,7 @@ def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
             ),
         }
         error = errors[kind]
-        return error.status, _error_body(flavor, error)
+        return error.status, error.body
 
     return build
 
@@ -385,9 +369,9 @@ def build_app(config: OpenAILikeConfig) -> web.Application:
     dialect = Dialect(
         name=config.flavor,
         model_paths=MODEL_PATHS,
-        route_error=lambda status: {"detail": "Not Found" if status == 404 else "Method Not Allowed"},
+        route_error=fastapi_route_error,
         fault_error=_fault_error(config.flavor),
-        broken_sse=b"data: {not json\n\n",
+        broken_sse=openai_wire.BROKEN_SSE,
     )
     app = server.build_app(
         dialect,

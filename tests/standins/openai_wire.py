@@ -15,6 +15,8 @@ from tests.standins.script import Reply
 from tests.standins.wire import dumps, hex_id
 
 SSE_DONE = b"data: [DONE]\n\n"
+# What a `badsse` fault sends an OpenAI client instead of the stream: an event whose JSON is cut off.
+BROKEN_SSE = b"data: {not json\n\n"
 
 
 def sse_data(value: Any) -> bytes:

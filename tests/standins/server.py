@@ -2,9 +2,10 @@
 
 Owns: `StandIn` (an aiohttp app served on 127.0.0.1, port 0, from a thread of its own), the
 `Control` every stand-in app carries (request log, injected faults, chunk delay), the middleware
-that logs each request and applies faults, and `send_json` / `send_sse`, which honour the faults
-that act on the body (broken SSE, reset, truncation, gzip). Does not own: any backend's routes or
-bodies (areal.py, openai_like.py, anthropic_like.py).
+that logs each request, applies faults and answers a handler's `BackendError`, `with_state` (handlers
+that take the app's state), and `send_json` / `send_sse`, which honour the faults that act on the body
+(broken SSE, reset, truncation, gzip). Does not own: any backend's routes or bodies (areal.py,
+openai_like.py, anthropic_like.py).
 
 Why a thread: tests drive the stand-ins with blocking clients (the sync SDKs, agent CLIs run with
 `subprocess.run`) as often as with async ones. A stand-in with its own event loop answers whatever
@@ -29,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Self, get_args
+from typing import Any, Literal, Self, TypeVar, get_args
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -48,6 +49,8 @@ SHUTDOWN_TIMEOUT_S = 0.5
 START_TIMEOUT_S = 10.0
 # Long enough to trip any client or proxy read timeout a test sets, short enough not to hang CI.
 DEFAULT_STALL_S = 60.0
+# The SSE response headers every backend sends; AReaL adds its own two (areal.py).
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,35 @@ _BODY = web.RequestKey("standin_body", object)
 _RAW = web.RequestKey("standin_raw", bytes)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+State = TypeVar("State")
+StateHandler = Callable[[web.Request, State], Awaitable[web.StreamResponse]]
+
+
+class BackendError(Exception):
+    """An error a backend answers with `status` and its own JSON `body`; raise it from any handler."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(status, body)
+        self.status = status
+        self.body = body
+
+
+def with_state(
+    key: web.AppKey[State], check: Callable[[web.Request, State], None] | None = None
+) -> Callable[[StateHandler[State]], Handler]:
+    """Adapts handlers that take the app's `key` state (a config, AReaL's sessions) as their second
+    argument; `check` runs first on every request (a backend's key check)."""
+
+    def route(handler: StateHandler[State]) -> Handler:
+        async def run(request: web.Request) -> web.StreamResponse:
+            state = request.app[key]
+            if check is not None:
+                check(request, state)
+            return await handler(request, state)
+
+        return run
+
+    return route
 
 
 def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -225,6 +257,8 @@ async def _tap(request: web.Request, handler: Handler) -> web.StreamResponse:
                 else:
                     request[_FAULT] = fault
         return await handler(request)
+    except BackendError as error:
+        return json_response(error.body, error.status)
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as route_error:
         return json_response(dialect.route_error(route_error.status), route_error.status)
 
@@ -315,6 +349,8 @@ class StandIn:
     def __init__(self, app: web.Application) -> None:
         self.app = app
         self.control = app[CONTROL]
+        self.inject = self.control.inject
+        self.clear = self.control.clear
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -336,21 +372,6 @@ class StandIn:
     def model_requests(self) -> list[LoggedRequest]:
         """The model calls received so far, oldest first."""
         return self.control.model_requests
-
-    def inject(
-        self,
-        kind: FaultKind,
-        *,
-        times: int | None = 1,
-        retry_after_ms: int | None = None,
-        stall_s: float = DEFAULT_STALL_S,
-    ) -> None:
-        """Queue a fault for the next model calls; see `Control.inject`."""
-        self.control.inject(kind, times=times, retry_after_ms=retry_after_ms, stall_s=stall_s)
-
-    def clear(self) -> None:
-        """Forget the logged requests and the queued faults."""
-        self.control.clear()
 
     def start(self) -> Self:
         """Serve the app; returns once the port is bound. A second start raises."""

@@ -1,4 +1,5 @@
-"""Encoding helpers every stand-in shares, whatever its wire format: compact JSON, ids, streamed text.
+"""Encoding helpers every stand-in shares, whatever its wire format: compact JSON, ids, streamed text,
+and FastAPI's own answer to an unknown route (AReaL, vLLM and SGLang are all FastAPI apps).
 
 Owns nothing backend-specific: the OpenAI and Anthropic shapes are in openai_wire.py and anthropic_wire.py.
 """
@@ -28,3 +29,8 @@ def text_pieces(text: str) -> list[str]:
     ['Shell ', 'arithmetic ', 'check']
     """
     return re.findall(r"\s*\S+\s*", text) or [text]
+
+
+def fastapi_route_error(status: int) -> dict[str, str]:
+    """FastAPI's body for its router's own 404 and 405."""
+    return {"detail": "Not Found" if status == 404 else "Method Not Allowed"}
