@@ -23,7 +23,7 @@ TEST_TIERS :=
 help:
 	@echo "make test    install everything (venv, agent CLIs, dockerd) and run every test tier: $(TEST_TIERS) test-pytest"
 	@echo "make demo    install the venv and run 'modeltap demo'"
-	@echo "make lint    ruff check + ruff format --check"
+	@echo "make lint    ruff check, ruff format --check, mypy --strict on the package"
 	@echo "make setup   only the set-up (targets: venv, agents, dockerd)"
 
 # Every tier runs even when an earlier one fails, so one failure does not hide the others; the exit
