@@ -30,7 +30,7 @@ from modeltap.proxy.tasks import Tasks
 from modeltap.records.store import connect
 from tests.integration.conftest import records
 from tests.integration.test_proxy_sdks import ASK
-from tests.integration.test_sessions import proxy_log
+from tests.integration.test_proxy_sessions import proxy_log
 from tests.standins.areal import ArealSession, ArealStandIn
 
 CHAT: dict[str, Any] = {"model": "policy", "messages": ASK}
