@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from functools import partial
 from typing import Any
 
 import pytest
@@ -21,100 +22,64 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from modeltap.proxy.sse import Assembled, SSEDecoder, SSEEvent, StreamAssembler
+from tests.factories import (
+    SSE_DONE,
+    assistant,
+    chat_chunk,
+    chat_completion,
+    completion_chunk,
+    message,
+    sse_data,
+    sse_event,
+    text_completion,
+    tool_call,
+    usage,
+)
+from tests.factories import tool_call_delta as call
 
-
-def data(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
-def event(name: str, obj: Any) -> bytes:
-    return f"event: {name}\n".encode() + data(obj)
-
-
-DONE = b"data: [DONE]\n\n"
 ARGUMENTS = '{"command": "echo $((6 * 7))", "description": "Print the product"}'
+OPENCODE_ID = "chatcmpl-7f3a"
+# An OpenAI chat chunk as the agent-clients.md stand-in framed it.
+chunk = partial(chat_chunk, id=OPENCODE_ID)
 
 
-def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
-    """An OpenAI chat chunk as the agent-clients.md stand-in framed it."""
-    return {
-        "id": "chatcmpl-7f3a",
-        "object": "chat.completion.chunk",
-        "created": 1764457200,
-        "model": "standin-model",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
-        **extra,
-    }
-
-
-def call(index: int, arguments: str, call_id: str | None = None, name: str | None = None) -> dict[str, Any]:
-    """A tool-call delta: the first one of a call carries its id, type and name."""
-    if call_id is None:
-        return {"index": index, "function": {"arguments": arguments}}
-    return {
-        "index": index,
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
-USAGE = {"prompt_tokens": 25, "completion_tokens": 5, "total_tokens": 30}
+USAGE = usage(25, 5)
 USAGE_CHUNK = {**chunk({}), "choices": [], "usage": USAGE}
 
 # agent-clients.md: opencode's tool-call turn, arguments split mid-key, usage in a `choices: []` chunk.
 OPENCODE_TOOL_CALL = b"".join(
     [
-        data(chunk({"role": "assistant", "content": ""})),
-        data(chunk({"tool_calls": [call(0, "", "call_01", "bash")]})),
-        data(chunk({"tool_calls": [call(0, ARGUMENTS[:36])]})),
-        data(chunk({"tool_calls": [call(0, ARGUMENTS[36:])]})),
-        data(chunk({}, "tool_calls")),
-        data(USAGE_CHUNK),
-        DONE,
+        sse_data(chunk({"role": "assistant", "content": ""})),
+        sse_data(chunk({"tool_calls": [call(0, "", "call_01", "bash")]})),
+        sse_data(chunk({"tool_calls": [call(0, ARGUMENTS[:36])]})),
+        sse_data(chunk({"tool_calls": [call(0, ARGUMENTS[36:])]})),
+        sse_data(chunk({}, "tool_calls")),
+        sse_data(USAGE_CHUNK),
+        SSE_DONE,
     ]
 )
-OPENCODE_TOOL_CALL_BODY = {
-    "id": "chatcmpl-7f3a",
-    "object": "chat.completion",
-    "created": 1764457200,
-    "model": "standin-model",
-    "choices": [
-        {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": "call_01",
-                        "type": "function",
-                        "function": {"name": "bash", "arguments": ARGUMENTS},
-                    }
-                ],
-            },
-            "logprobs": None,
-            "finish_reason": "tool_calls",
-        }
-    ],
-    "usage": USAGE,
-}
+OPENCODE_TOOL_CALL_BODY = chat_completion(
+    assistant("", tool_call("call_01", "bash", ARGUMENTS)),
+    "tool_calls",
+    usage=USAGE,
+    id=OPENCODE_ID,
+    logprobs=None,
+)
 
 OPENCODE_TEXT = b"".join(
     [
-        data(chunk({"role": "assistant", "content": ""})),
-        data(chunk({"content": "4"})),
-        data(chunk({"content": "2"})),
-        data(chunk({}, "stop")),
-        data(USAGE_CHUNK),
-        DONE,
+        sse_data(chunk({"role": "assistant", "content": ""})),
+        sse_data(chunk({"content": "4"})),
+        sse_data(chunk({"content": "2"})),
+        sse_data(chunk({}, "stop")),
+        sse_data(USAGE_CHUNK),
+        SSE_DONE,
     ]
 )
 
 
-def areal_chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> dict[str, Any]:
-    """AReaL's chunk: `model: "None"`, a 29-hex id (areal-proxy-protocol.md §1.1)."""
-    return {**chunk(delta, finish_reason, **extra), "id": "chatcmpl-" + "a" * 29, "model": "None"}
+# AReaL's chunk: `model: "None"`, a 29-hex id (areal-proxy-protocol.md §1.1).
+areal_chunk = partial(chat_chunk, id="chatcmpl-" + "a" * 29, model="None")
 
 
 AREAL_USAGE = {"completion_tokens": 5, "prompt_tokens": 19, "total_tokens": 24}
@@ -122,63 +87,48 @@ AREAL_USAGE = {"completion_tokens": 5, "prompt_tokens": 19, "total_tokens": 24}
 # usage, although no stream_options was sent), then [DONE].
 AREAL_TEXT = b"".join(
     [
-        data(areal_chunk({"role": "assistant", "content": ""})),
-        data(areal_chunk({"content": "Echo: hello proxy"})),
-        data(areal_chunk({}, "stop", usage=AREAL_USAGE)),
-        DONE,
+        sse_data(areal_chunk({"role": "assistant", "content": ""})),
+        sse_data(areal_chunk({"content": "Echo: hello proxy"})),
+        sse_data(areal_chunk({}, "stop", usage=AREAL_USAGE)),
+        SSE_DONE,
     ]
 )
 # areal-tier.md §6: AReaL 1.0.4 sends each tool call in ONE chunk with its id, name and full arguments.
 AREAL_TOOL_CALL = b"".join(
     [
-        data(areal_chunk({"role": "assistant", "content": ""})),
-        data(areal_chunk({"tool_calls": [call(0, '{"city": "Paris"}', "call_" + "b" * 24, "get_weather")]})),
-        data(areal_chunk({}, "tool_calls", usage=AREAL_USAGE)),
-        DONE,
+        sse_data(areal_chunk({"role": "assistant", "content": ""})),
+        sse_data(
+            areal_chunk({"tool_calls": [call(0, '{"city": "Paris"}', "call_" + "b" * 24, "get_weather")]})
+        ),
+        sse_data(areal_chunk({}, "tool_calls", usage=AREAL_USAGE)),
+        SSE_DONE,
     ]
 )
 
 # vLLM-style reasoning, and two tool calls whose chunks interleave (parallel tool calls).
 REASONING_PARALLEL_CALLS = b"".join(
     [
-        data(chunk({"role": "assistant", "reasoning_content": "Two "})),
-        data(chunk({"reasoning_content": "cities."})),
-        data(chunk({"tool_calls": [call(0, "", "call_a", "w"), call(1, "", "call_b", "w")]})),
-        data(chunk({"tool_calls": [call(1, '{"city": "Oslo"}')]})),
-        data(chunk({"tool_calls": [call(0, '{"city": ')]})),
-        data(chunk({"tool_calls": [call(0, '"Rome"}')]})),
-        data(chunk({}, "tool_calls")),
-        DONE,
+        sse_data(chunk({"role": "assistant", "reasoning_content": "Two "})),
+        sse_data(chunk({"reasoning_content": "cities."})),
+        sse_data(chunk({"tool_calls": [call(0, "", "call_a", "w"), call(1, "", "call_b", "w")]})),
+        sse_data(chunk({"tool_calls": [call(1, '{"city": "Oslo"}')]})),
+        sse_data(chunk({"tool_calls": [call(0, '{"city": ')]})),
+        sse_data(chunk({"tool_calls": [call(0, '"Rome"}')]})),
+        sse_data(chunk({}, "tool_calls")),
+        SSE_DONE,
     ]
 )
-
-
-def completion_chunk(text: str, finish_reason: str | None = None) -> dict[str, Any]:
-    return {
-        "id": "cmpl-1",
-        "object": "text_completion",
-        "created": 1764457200,
-        "model": "standin-model",
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-    }
 
 
 COMPLETIONS = b"".join(
     [
-        data(completion_chunk("4")),
-        data(completion_chunk("2", "stop")),
-        data({**completion_chunk(""), "choices": [], "usage": USAGE}),
-        DONE,
+        sse_data(completion_chunk("4")),
+        sse_data(completion_chunk("2", "stop")),
+        sse_data({**completion_chunk(""), "choices": [], "usage": USAGE}),
+        SSE_DONE,
     ]
 )
-COMPLETIONS_BODY = {
-    "id": "cmpl-1",
-    "object": "text_completion",
-    "created": 1764457200,
-    "model": "standin-model",
-    "choices": [{"index": 0, "text": "42", "logprobs": None, "finish_reason": "stop"}],
-    "usage": USAGE,
-}
+COMPLETIONS_BODY = text_completion("42", usage=USAGE)
 
 ANTHROPIC_USAGE = {
     "input_tokens": 25,
@@ -186,52 +136,38 @@ ANTHROPIC_USAGE = {
     "cache_creation_input_tokens": 0,
     "cache_read_input_tokens": 0,
 }
-MESSAGE_START = {
-    "type": "message_start",
-    "message": {
-        "id": "msg_01",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-opus-5-5",
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": ANTHROPIC_USAGE,
-    },
-}
+CLAUDE_MESSAGE = partial(message, id="msg_01", model="claude-opus-5-5")
+MESSAGE_START = {"type": "message_start", "message": CLAUDE_MESSAGE([], None, usage=ANTHROPIC_USAGE)}
 
 
 def anthropic(*blocks: bytes, stop_reason: str, output_tokens: int = 5) -> bytes:
     """message_start, the blocks, message_delta and message_stop as Claude Code accepted them."""
     return b"".join(
         [
-            event("message_start", MESSAGE_START),
+            sse_event(MESSAGE_START),
             *blocks,
-            event(
-                "message_delta",
+            sse_event(
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": stop_reason, "stop_sequence": None},
                     "usage": {"output_tokens": output_tokens},
                 },
             ),
-            event("message_stop", {"type": "message_stop"}),
+            sse_event({"type": "message_stop"}),
         ]
     )
 
 
 def block_start(index: int, block: dict[str, Any]) -> bytes:
-    return event(
-        "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
-    )
+    return sse_event({"type": "content_block_start", "index": index, "content_block": block})
 
 
 def block_delta(index: int, delta: dict[str, Any]) -> bytes:
-    return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+    return sse_event({"type": "content_block_delta", "index": index, "delta": delta})
 
 
 def block_stop(index: int) -> bytes:
-    return event("content_block_stop", {"type": "content_block_stop", "index": index})
+    return sse_event({"type": "content_block_stop", "index": index})
 
 
 def block(index: int, start: dict[str, Any], *deltas: dict[str, Any]) -> bytes:
@@ -245,22 +181,17 @@ def text(piece: str) -> dict[str, Any]:
 # agent-clients.md: Claude Code's tool-use turn, with a ping between the block start and its deltas.
 CLAUDE_TOOL_USE = anthropic(
     block_start(0, {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {}}),
-    event("ping", {"type": "ping"}),
+    sse_event({"type": "ping"}),
     block_delta(0, {"type": "input_json_delta", "partial_json": ARGUMENTS[:40]}),
     block_delta(0, {"type": "input_json_delta", "partial_json": ARGUMENTS[40:]}),
     block_stop(0),
     stop_reason="tool_use",
 )
-CLAUDE_TOOL_USE_BODY = {
-    "id": "msg_01",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-opus-5-5",
-    "content": [{"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": json.loads(ARGUMENTS)}],
-    "stop_reason": "tool_use",
-    "stop_sequence": None,
-    "usage": {**ANTHROPIC_USAGE, "output_tokens": 5},
-}
+CLAUDE_TOOL_USE_BODY = CLAUDE_MESSAGE(
+    [{"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": json.loads(ARGUMENTS)}],
+    "tool_use",
+    usage={**ANTHROPIC_USAGE, "output_tokens": 5},
+)
 CLAUDE_TEXT = anthropic(block(0, {"type": "text", "text": ""}, text("42")), stop_reason="end_turn")
 
 # areal-tier.md §5-6: AReaL's /v1/messages stream through LiteLLM. message_start echoes the request's
@@ -273,22 +204,21 @@ AREAL_MESSAGE = {
 AREAL_MESSAGE_START = {"type": "message_start", "message": AREAL_MESSAGE}
 AREAL_ANTHROPIC_TOOL_USE = b"".join(
     [
-        event("message_start", AREAL_MESSAGE_START),
+        sse_event(AREAL_MESSAGE_START),
         block(0, {"type": "text", "text": ""}),
         block(
             1,
             {"type": "tool_use", "id": "call_c", "name": "get_weather", "input": {}},
             {"type": "input_json_delta", "partial_json": '{"city": "Paris"}'},
         ),
-        event(
-            "message_delta",
+        sse_event(
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": "tool_use", "stop_sequence": None},
                 "usage": {"input_tokens": 18, "output_tokens": 6},
             },
         ),
-        event("message_stop", {"type": "message_stop"}),
+        sse_event({"type": "message_stop"}),
     ]
 )
 
@@ -324,7 +254,7 @@ RESPONSE = {"id": "resp_9", "object": "response", "created_at": 1764457200, "mod
 def responses(*events: tuple[str, dict[str, Any]]) -> bytes:
     """Responses events as the API frames them: `event: <type>` and a data line, sequence-numbered."""
     return b"".join(
-        event(kind, {"type": kind, "sequence_number": number, **obj})
+        sse_event({"type": kind, "sequence_number": number, **obj})
         for number, (kind, obj) in enumerate(events)
     )
 
@@ -529,9 +459,9 @@ def test_chat_keeps_choices_apart_and_concatenates_logprobs() -> None:
 
     stream = b"".join(
         [
-            data({**chunk({}), "choices": [choice(1, "b", "b"), choice(0, "a", "a")]}),
-            data({**chunk({}), "choices": [choice(0, "c", "c")]}),
-            DONE,
+            sse_data({**chunk({}), "choices": [choice(1, "b", "b"), choice(0, "a", "a")]}),
+            sse_data({**chunk({}), "choices": [choice(0, "c", "c")]}),
+            SSE_DONE,
         ]
     )
     body = assemble("chat", stream).body
@@ -578,7 +508,7 @@ def test_thinking_blocks_keep_text_and_signature() -> None:
 def test_message_delta_keeps_cache_counts_it_leaves_out() -> None:
     usage = {**ANTHROPIC_USAGE, "cache_read_input_tokens": 9}
     start = {**MESSAGE_START, "message": {**MESSAGE_START["message"], "usage": usage}}
-    stream = CLAUDE_TEXT.replace(event("message_start", MESSAGE_START), event("message_start", start))
+    stream = CLAUDE_TEXT.replace(sse_event(MESSAGE_START), sse_event(start))
     body = assemble("messages", stream).body
     assert body is not None
     assert body["usage"] == {**usage, "output_tokens": 5}
@@ -701,8 +631,8 @@ def test_message_bodies_agree_with_the_anthropic_sdk(name: str) -> None:
 
 
 def test_data_that_is_not_json_is_named_with_its_event_number() -> None:
-    stream = data(chunk({"role": "assistant"})) + data(chunk({"content": "4"}))
-    stream += b"data: {not json\n\n" + DONE
+    stream = sse_data(chunk({"role": "assistant"})) + sse_data(chunk({"content": "4"}))
+    stream += b"data: {not json\n\n" + SSE_DONE
     result = assemble("chat", stream)
     assert result.error == "event 3: data is not JSON: '{not json'"
     assert result.complete and result.events == 4
@@ -721,7 +651,7 @@ def test_long_bad_data_is_quoted_short() -> None:
 
 
 def test_json_that_is_not_an_object() -> None:
-    result = assemble("chat", b"data: [1, 2]\n\n" + DONE)
+    result = assemble("chat", b"data: [1, 2]\n\n" + SSE_DONE)
     assert result.error == "event 1: data is not a JSON object: '[1, 2]'"
 
 
@@ -739,7 +669,7 @@ def test_missing_terminal_event_is_a_truncated_stream(endpoint: str, stream: byt
 
 
 def test_truncated_mid_event() -> None:
-    cut = OPENCODE_TOOL_CALL.index(b"data: ", len(data(chunk({"role": "assistant", "content": ""})))) + 20
+    cut = OPENCODE_TOOL_CALL.index(b"data: ", len(sse_data(chunk({"role": "assistant", "content": ""})))) + 20
     result = assemble("chat", OPENCODE_TOOL_CALL[:cut])
     assert result.complete is False
     assert result.error == 'event 2: stream ended mid-event: \'{"id":"chatcmp\''
@@ -764,7 +694,7 @@ def test_the_stream_ending_before_anything_arrived() -> None:
 def test_openai_error_event_mid_stream() -> None:
     # token-budgets.md §1.4: SGLang and vLLM send errors mid-stream as `data: {"error": {...}}`.
     error = {"error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": 500}}
-    result = assemble("chat", data(chunk({"content": "4"})) + data(error) + DONE)
+    result = assemble("chat", sse_data(chunk({"content": "4"})) + sse_data(error) + SSE_DONE)
     assert result.error == "event 2: upstream error: InternalServerError: engine died"
     assert result.complete is True
 
@@ -772,14 +702,14 @@ def test_openai_error_event_mid_stream() -> None:
 def test_long_upstream_error_is_cut_and_a_bare_string_is_its_message() -> None:
     # areal-proxy-protocol.md §4.1: "Failed after N retries" carries the whole prompt's token ids.
     detail = "Failed after 3 retries each. Payload: " + "151644, " * 5000
-    result = assemble("chat", data({"error": {"message": detail}}) + DONE)
+    result = assemble("chat", sse_data({"error": {"message": detail}}) + SSE_DONE)
     assert result.error == "event 1: upstream error: " + detail[:1000] + "…"
-    assert assemble("chat", data({"error": "boom"}) + DONE).error == "event 1: upstream error: boom"
+    assert assemble("chat", sse_data({"error": "boom"}) + SSE_DONE).error == "event 1: upstream error: boom"
 
 
 def test_anthropic_error_event() -> None:
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
-    result = assemble("messages", event("message_start", MESSAGE_START) + event("error", error))
+    result = assemble("messages", sse_event(MESSAGE_START) + sse_event(error))
     assert result.error == "event 2: upstream error: overloaded_error: Overloaded"
     assert result.complete is False
     assert result.body is not None and result.body["id"] == "msg_01"
@@ -794,14 +724,14 @@ def test_responses_error_and_failed_events() -> None:
 
 
 def test_done_ends_only_openai_chunk_streams() -> None:
-    with_done, without = assemble("messages", CLAUDE_TEXT + DONE), assemble("messages", CLAUDE_TEXT)
+    with_done, without = assemble("messages", CLAUDE_TEXT + SSE_DONE), assemble("messages", CLAUDE_TEXT)
     assert (with_done.body, with_done.complete, with_done.error) == (without.body, True, None)
-    result = assemble("messages", event("message_start", MESSAGE_START) + DONE)
+    result = assemble("messages", sse_event(MESSAGE_START) + SSE_DONE)
     assert result.complete is False and result.error is not None and "message_stop" in result.error
 
 
 def test_events_after_the_end_are_counted_not_merged() -> None:
-    result = assemble("chat", OPENCODE_TEXT + data(chunk({"content": "late"})))
+    result = assemble("chat", OPENCODE_TEXT + sse_data(chunk({"content": "late"})))
     assert result.events == 7
     assert result.body is not None and result.body["choices"][0]["message"]["content"] == "42"
     assert result.error is None
@@ -811,7 +741,7 @@ def test_result_is_final() -> None:
     assembler = StreamAssembler("chat")
     assembler.feed(OPENCODE_TEXT)
     first = assembler.result()
-    assembler.feed(data(chunk({"content": "more"})))
+    assembler.feed(sse_data(chunk({"content": "more"})))
     assert assembler.result() is first
 
 
@@ -862,7 +792,7 @@ def corrupted_transcripts(draw: st.DrawFn) -> tuple[str, bytes]:
         places = [(index, path) for index, body in enumerate(bodies) for path in paths(body)]
         index, path = draw(st.sampled_from(places))
         bodies[index] = replaced(bodies[index], path, draw(WRONG))
-    return endpoint, b"".join(data(body) for body in bodies) + DONE
+    return endpoint, b"".join(sse_data(body) for body in bodies) + SSE_DONE
 
 
 @settings(max_examples=500, deadline=None)

@@ -1,0 +1,281 @@
+"""Shared test factories, as mitmproxy's tflow.py: the requests, bodies, SSE pieces and exchanges that
+tests build, each with the defaults most tests want and keywords for what a test pins.
+
+Owns: the bash tool and the question the SDK-driven tests send; non-streamed OpenAI chat, completions
+and Responses bodies and Anthropic messages; the chunks and SSE framing of their streams; modeltap
+`Exchange`s and a record store written with them. Does not own: what a stand-in upstream answers
+(tests/standins/) or any test's expected values.
+
+    CHAT = chat_completion(assistant("42"), usage=usage(25, 5))
+    stream = sse_data(chat_chunk({"content": "42"})) + SSE_DONE
+    await recorded(tmp_path / "r.db", exchange({"model": "m", "messages": [ASK]}, CHAT, session_id="s1"))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from modeltap.records.exchange import Exchange
+from modeltap.records.store import RecordStore
+from tests.standins.anthropic_wire import sse_event
+from tests.standins.openai_wire import SSE_DONE, sse_data
+
+__all__ = [
+    "ASK",
+    "BASH_TOOL",
+    "CREATED",
+    "MODEL",
+    "SSE_DONE",
+    "assistant",
+    "chat_chunk",
+    "chat_completion",
+    "completion_chunk",
+    "exchange",
+    "function_call_item",
+    "message",
+    "message_item",
+    "recorded",
+    "response",
+    "sse_data",
+    "sse_event",
+    "text_completion",
+    "tool_call",
+    "tool_call_delta",
+    "usage",
+]
+
+# Any fixed time: bodies built twice compare equal.
+CREATED = 1764457200
+# The model the stand-ins serve (tests/standins/openai_like.py).
+MODEL = "standin-model"
+
+# --- requests ------------------------------------------------------------------------------------------
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "run a shell command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+# The stand-ins' script answers it with a call to bash, then "42" once the result is in.
+ASK = {"role": "user", "content": "Run `echo $((6 * 7))` and reply with the number."}
+
+# --- non-streamed bodies -------------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """Chat and completions usage, with its total."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """An OpenAI chat tool call (`arguments` is the JSON string the model wrote)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def assistant(content: str | None, *tool_calls: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """An assistant message of a chat completion; `tool_calls` only when there are some."""
+    calls = {"tool_calls": list(tool_calls)} if tool_calls else {}
+    return {"role": "assistant", "content": content, **fields, **calls}
+
+
+def chat_completion(
+    message: dict[str, Any],
+    finish_reason: str = "stop",
+    *,
+    usage: dict[str, int],
+    id: str = "chatcmpl-1",
+    created: int = CREATED,
+    model: str = MODEL,
+    **choice: Any,
+) -> dict[str, Any]:
+    """A non-streamed chat completion with one choice; `choice` adds fields to it (`logprobs`)."""
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, **choice, "finish_reason": finish_reason}],
+        "usage": usage,
+    }
+
+
+def text_completion(
+    text: str,
+    finish_reason: str = "stop",
+    *,
+    usage: dict[str, int],
+    id: str = "cmpl-1",
+    created: int = CREATED,
+    model: str = MODEL,
+) -> dict[str, Any]:
+    """A non-streamed legacy completion with one choice."""
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def message(
+    content: list[dict[str, Any]],
+    stop_reason: str | None,
+    *,
+    usage: dict[str, int],
+    id: str = "msg_1",
+    model: str,
+) -> dict[str, Any]:
+    """A non-streamed Anthropic message."""
+    return {
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def message_item(text: str, id: str = "msg_1") -> dict[str, Any]:
+    """A completed Responses output message holding `text`."""
+    return {
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def function_call_item(call_id: str, name: str, arguments: str, id: str = "fc_1") -> dict[str, Any]:
+    """A completed Responses function call."""
+    return {
+        "id": id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": "completed",
+    }
+
+
+def response(
+    output: list[dict[str, Any]],
+    *,
+    usage: dict[str, Any],
+    id: str = "resp_1",
+    model: str = "gpt-x",
+    status: str = "completed",
+    **fields: Any,
+) -> dict[str, Any]:
+    """A Responses API object; `fields` adds top-level ones (`created_at`)."""
+    return {
+        "id": id,
+        "object": "response",
+        **fields,
+        "model": model,
+        "status": status,
+        "output": output,
+        "usage": usage,
+    }
+
+
+# --- stream pieces ---------------------------------------------------------------------------------------
+
+
+def chat_chunk(
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    *,
+    id: str = "chatcmpl-1",
+    created: int = CREATED,
+    model: str = MODEL,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A chat completion chunk with one choice; `extra` adds top-level fields (`usage`)."""
+    return {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+        **extra,
+    }
+
+
+def tool_call_delta(
+    index: int, arguments: str, call_id: str | None = None, name: str | None = None
+) -> dict[str, Any]:
+    """A tool-call delta of a chat chunk: the first one of a call carries its id, type and name."""
+    if call_id is None:
+        return {"index": index, "function": {"arguments": arguments}}
+    return {
+        "index": index,
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def completion_chunk(
+    text: str,
+    finish_reason: str | None = None,
+    *,
+    id: str = "cmpl-1",
+    created: int = CREATED,
+    model: str = MODEL,
+) -> dict[str, Any]:
+    """A legacy completion chunk with one choice."""
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+# --- exchanges -------------------------------------------------------------------------------------------
+
+
+def exchange(request: dict[str, Any] | None, response: dict[str, Any] | None, **fields: Any) -> Exchange:
+    """A chat exchange as the relay hands it over: `request` sent as JSON, answered 200 with `response`.
+    `fields` sets any other Exchange field, or overrides these (`request` bytes, `endpoint`, `path`)."""
+    settings: dict[str, Any] = {
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "endpoint": "chat",
+        "request": json.dumps(request).encode(),
+        "request_json": request,
+        "response": response,
+        "status": 200,
+    }
+    return Exchange(**(settings | fields))
+
+
+async def recorded(path: Path, *exchanges: Exchange, keep_raw_sse: bool = False) -> Path:
+    """`exchanges` written to a record store at `path` by the real writer; returns `path`."""
+    store = RecordStore(path, keep_raw_sse=keep_raw_sse)
+    store.start()
+    for ex in exchanges:
+        await store.submit(ex)
+    await store.close()
+    return path
