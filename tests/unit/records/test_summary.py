@@ -15,46 +15,39 @@ from hypothesis import strategies as st
 
 from modeltap.proxy.sse import StreamAssembler
 from modeltap.records.summary import Summary, new_messages, summarize, tool_call_parse_failure
+from tests.factories import (
+    CREATED,
+    SSE_DONE,
+    assistant,
+    chat_chunk,
+    chat_completion,
+    completion_chunk,
+    function_call_item,
+    message,
+    message_item,
+    response,
+    sse_data,
+    sse_event,
+    text_completion,
+    tool_call,
+    tool_call_delta,
+    usage,
+)
 
 ARGUMENTS = '{"command": "echo $((6 * 7))"}'
 
 # agent-clients.md: the non-streamed chat body openai-py got for the tool-call turn.
-CHAT_TOOL_CALL = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "created": 1764457200,
-    "model": "standin-model",
-    "choices": [
-        {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": ARGUMENTS}}
-                ],
-            },
-            "finish_reason": "tool_calls",
-        }
-    ],
-    "usage": {"prompt_tokens": 25, "completion_tokens": 5, "total_tokens": 30},
-}
+CHAT_TOOL_CALL = chat_completion(
+    assistant(None, tool_call("call_1", "bash", ARGUMENTS)), "tool_calls", usage=usage(25, 5)
+)
 # areal-tier.md §5: AReaL's text reply, `model: "None"`.
-AREAL_CHAT_TEXT = {
-    "id": "chatcmpl-" + "a" * 29,
-    "object": "chat.completion",
-    "created": 1764457200,
-    "model": "None",
-    "choices": [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": "Echo: hello proxy", "tool_calls": None},
-            "finish_reason": "stop",
-            "logprobs": None,
-        }
-    ],
-    "usage": {"completion_tokens": 5, "prompt_tokens": 19, "total_tokens": 24},
-}
+AREAL_CHAT_TEXT = chat_completion(
+    assistant("Echo: hello proxy", tool_calls=None),
+    usage=usage(19, 5),
+    id="chatcmpl-" + "a" * 29,
+    model="None",
+    logprobs=None,
+)
 # areal-tier.md §6 / areal-proxy-protocol.md §4.2: malformed tool-call output that failed to parse.
 RAW_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {city: Paris}\n</tool_call>'
 AREAL_PARSE_FAILURE = {
@@ -67,73 +60,42 @@ AREAL_PARSE_FAILURE = {
         }
     ],
 }
-COMPLETION = {
-    "id": "cmpl-1",
-    "object": "text_completion",
-    "created": 1764457200,
-    "model": "standin-model",
-    "choices": [{"index": 0, "text": " 42", "logprobs": None, "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
-}
-RESPONSE = {
-    "id": "resp_1",
-    "object": "response",
-    "created_at": 1764457200,
-    "model": "gpt-x",
-    "status": "completed",
-    "output": [
+COMPLETION = text_completion(" 42", "length", usage=usage(4, 2))
+RESPONSE = response(
+    [
         {"id": "rs_1", "type": "reasoning", "summary": []},
-        {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": "Running it.", "annotations": []}],
-        },
-        {
-            "id": "fc_1",
-            "type": "function_call",
-            "call_id": "call_9",
-            "name": "bash",
-            "arguments": ARGUMENTS,
-            "status": "completed",
-        },
+        message_item("Running it."),
+        function_call_item("call_9", "bash", ARGUMENTS),
     ],
-    "usage": {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 10}, "output_tokens": 7},
-}
+    usage={"input_tokens": 30, "input_tokens_details": {"cached_tokens": 10}, "output_tokens": 7},
+    created_at=CREATED,
+)
 # agent-clients.md: Claude Code's non-streamed fallback body, with cache counts as Anthropic reports them.
-MESSAGE = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude-opus-5-5",
-    "content": [
+MESSAGE = message(
+    [
         {"type": "text", "text": "Let me run that."},
         {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": json.loads(ARGUMENTS)},
     ],
-    "stop_reason": "tool_use",
-    "stop_sequence": None,
-    "usage": {
+    "tool_use",
+    usage={
         "input_tokens": 25,
         "output_tokens": 5,
         "cache_creation_input_tokens": 100,
         "cache_read_input_tokens": 2000,
     },
-}
+    model="claude-opus-5-5",
+)
 # areal-tier.md §6: AReaL's /v1/messages tool call through LiteLLM (an empty text block first).
-AREAL_MESSAGE = {
-    "id": "chatcmpl-b",
-    "type": "message",
-    "role": "assistant",
-    "model": "None",
-    "content": [
+AREAL_MESSAGE = message(
+    [
         {"type": "text", "text": ""},
         {"type": "tool_use", "id": "call_c", "name": "get_weather", "input": {"city": "Paris"}},
     ],
-    "stop_reason": "tool_use",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 18, "output_tokens": 6},
-}
+    "tool_use",
+    usage={"input_tokens": 18, "output_tokens": 6},
+    id="chatcmpl-b",
+    model="None",
+)
 
 CHAT_CALL = {"id": "call_1", "name": "bash", "arguments": ARGUMENTS}
 
@@ -261,12 +223,8 @@ def test_error_and_odd_bodies_summarise_as_absent(endpoint: str, response: Any) 
 # --- streamed and non-streamed alike ----------------------------------------------------------------------
 
 
-def data(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
 def event(name: str, obj: dict[str, Any]) -> bytes:
-    return f"event: {name}\n".encode() + data({"type": name, **obj})
+    return sse_event({"type": name, **obj})
 
 
 def pieces(text: str, size: int = 4) -> list[str]:
@@ -274,51 +232,32 @@ def pieces(text: str, size: int = 4) -> list[str]:
 
 
 def chat_stream(body: dict[str, Any]) -> bytes:
-    head = {
-        "id": body["id"],
-        "object": "chat.completion.chunk",
-        "created": body["created"],
-        "model": body["model"],
-    }
+    stamp = {key: body[key] for key in ("id", "created", "model")}
     choice, message = body["choices"][0], body["choices"][0]["message"]
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        return data({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+        return sse_data(chat_chunk(delta, finish_reason, **stamp))
 
     out = [chunk({"role": "assistant"})] + [
         chunk({"content": p}) for p in pieces(message.get("content") or "")
     ]
     for number, call in enumerate(message.get("tool_calls") or []):
-        function = {"name": call["function"]["name"], "arguments": ""}
-        out.append(
-            chunk(
-                {
-                    "tool_calls": [
-                        {"index": number, "id": call["id"], "type": "function", "function": function}
-                    ]
-                }
-            )
-        )
+        out.append(chunk({"tool_calls": [tool_call_delta(number, "", call["id"], call["function"]["name"])]}))
         out += [
-            chunk({"tool_calls": [{"index": number, "function": {"arguments": p}}]})
-            for p in pieces(call["function"]["arguments"])
+            chunk({"tool_calls": [tool_call_delta(number, p)]}) for p in pieces(call["function"]["arguments"])
         ]
-    out += [chunk({}, choice["finish_reason"]), data({**head, "choices": [], "usage": body["usage"]})]
-    return b"".join(out) + b"data: [DONE]\n\n"
+    usage_chunk = {**chat_chunk({}, **stamp), "choices": [], "usage": body["usage"]}
+    out += [chunk({}, choice["finish_reason"]), sse_data(usage_chunk)]
+    return b"".join(out) + SSE_DONE
 
 
 def completions_stream(body: dict[str, Any]) -> bytes:
-    head = {"id": body["id"], "object": "text_completion", "created": body["created"], "model": body["model"]}
+    stamp = {key: body[key] for key in ("id", "created", "model")}
     choice = body["choices"][0]
-    out = [
-        data({**head, "choices": [{"index": 0, "text": p, "finish_reason": None}]})
-        for p in pieces(choice["text"])
-    ]
-    out.append(
-        data({**head, "choices": [{"index": 0, "text": "", "finish_reason": choice["finish_reason"]}]})
-    )
-    out.append(data({**head, "choices": [], "usage": body["usage"]}))
-    return b"".join(out) + b"data: [DONE]\n\n"
+    out = [sse_data(completion_chunk(p, **stamp)) for p in pieces(choice["text"])]
+    out.append(sse_data(completion_chunk("", choice["finish_reason"], **stamp)))
+    out.append(sse_data({**completion_chunk("", **stamp), "choices": [], "usage": body["usage"]}))
+    return b"".join(out) + SSE_DONE
 
 
 def messages_stream(body: dict[str, Any]) -> bytes:
