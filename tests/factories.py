@@ -256,15 +256,15 @@ def completion_chunk(
 # --- exchanges -------------------------------------------------------------------------------------------
 
 
-def exchange(request: dict[str, Any] | None, response: dict[str, Any] | None, **fields: Any) -> Exchange:
-    """A chat exchange as the relay hands it over: `request` sent as JSON, answered 200 with `response`.
-    `fields` sets any other Exchange field, or overrides these (`request` bytes, `endpoint`, `path`)."""
+def exchange(body: dict[str, Any] | None, response: dict[str, Any] | None, **fields: Any) -> Exchange:
+    """A chat exchange as the relay hands it over: `body` sent as JSON, answered 200 with `response`.
+    `fields` sets any other Exchange field, or overrides these (the `request` bytes, `endpoint`, `path`)."""
     settings: dict[str, Any] = {
         "method": "POST",
         "path": "/v1/chat/completions",
         "endpoint": "chat",
-        "request": json.dumps(request).encode(),
-        "request_json": request,
+        "request": json.dumps(body).encode(),
+        "request_json": body,
         "response": response,
         "status": 200,
     }

@@ -13,86 +13,52 @@ import pytest
 from modeltap.proxy.sse import StreamAssembler
 from modeltap.records.exchange import Exchange
 from modeltap.records.export import JSONL_FORMAT_VERSION, conversation, har, write_export
-from modeltap.records.store import RecordStore, StoreReader
+from modeltap.records.store import StoreReader
 from modeltap.records.streams import split_events, sse_events, stream_events
+from tests.factories import (
+    assistant,
+    chat_completion,
+    exchange,
+    function_call_item,
+    message,
+    message_item,
+    recorded,
+    response,
+    text_completion,
+    tool_call,
+    usage,
+)
 
-CHAT = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "created": 1700000000,
-    "model": "m",
-    "choices": [
-        {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": "Let me look. ",
-                "reasoning_content": "The user wants 6*7.",
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "bash", "arguments": '{"command": "ls"}'},
-                    },
-                    {
-                        "id": "call_2",
-                        "type": "function",
-                        "function": {"name": "read", "arguments": '{"path": "é"}'},
-                    },
-                ],
-            },
-            "logprobs": {"content": [{"token": "Let", "logprob": -0.1}]},
-            "finish_reason": "tool_calls",
-        }
-    ],
-    "usage": {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42},
-}
-COMPLETION = {
-    "id": "cmpl-1",
-    "object": "text_completion",
-    "created": 1700000000,
-    "model": "m",
-    "choices": [{"index": 0, "text": "42", "logprobs": None, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
-MESSAGE = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "claude",
-    "content": [
+# Bodies of model "m", made at the exchanges' own time (1700000000).
+CHAT = chat_completion(
+    assistant(
+        "Let me look. ",
+        tool_call("call_1", "bash", '{"command": "ls"}'),
+        tool_call("call_2", "read", '{"path": "é"}'),
+        reasoning_content="The user wants 6*7.",
+    ),
+    "tool_calls",
+    usage=usage(30, 12),
+    created=1700000000,
+    model="m",
+    logprobs={"content": [{"token": "Let", "logprob": -0.1}]},
+)
+COMPLETION = text_completion("42", usage=usage(3, 1), created=1700000000, model="m")
+MESSAGE = message(
+    [
         {"type": "thinking", "thinking": "6*7", "signature": "sig"},
         {"type": "text", "text": "Running it."},
         {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "echo $((6 * 7))"}},
     ],
-    "stop_reason": "tool_use",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 25, "output_tokens": 9, "cache_read_input_tokens": 3},
-}
-RESPONSE = {
-    "id": "resp_1",
-    "object": "response",
-    "status": "completed",
-    "model": "m",
-    "output": [
-        {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": "Running it.", "annotations": []}],
-        },
-        {
-            "id": "fc_1",
-            "type": "function_call",
-            "call_id": "call_1",
-            "name": "bash",
-            "arguments": '{"command": "ls"}',
-            "status": "completed",
-        },
-    ],
-    "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
-}
+    "tool_use",
+    usage={"input_tokens": 25, "output_tokens": 9, "cache_read_input_tokens": 3},
+    model="claude",
+)
+RESPONSE = response(
+    [message_item("Running it."), function_call_item("call_1", "bash", '{"command": "ls"}')],
+    usage={"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+    model="m",
+)
 
 
 def assembled(endpoint: str, stream: bytes, step: int) -> tuple[dict[str, Any] | None, bool]:
@@ -253,14 +219,6 @@ def test_conversation_of_a_chained_responses_session() -> None:
     }
 
 
-async def store_of(path: Path, *exchanges: Exchange, keep_raw_sse: bool = False) -> None:
-    store = RecordStore(path, keep_raw_sse=keep_raw_sse)
-    store.start()
-    for ex in exchanges:
-        await store.submit(ex)
-    await store.close()
-
-
 def streamed_chat(raw: bytes | None) -> Exchange:
     request = {
         "model": "m",
@@ -268,19 +226,15 @@ def streamed_chat(raw: bytes | None) -> Exchange:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    return Exchange(
-        method="POST",
+    return exchange(
+        request,
+        CHAT,
         path="/s/…/v1/chat/completions?x=1",
-        endpoint="chat",
         session_id="s-h",
         upstream_url="http://127.0.0.1:9/v1/chat/completions?x=1",
-        request=json.dumps(request).encode(),
-        request_json=request,
-        response=CHAT,
         raw_sse=raw,
         streamed=True,
         stream_complete=True,
-        status=200,
         started=1700000000.0,
         first_byte=1700000000.5,
         ended=1700000002.0,
@@ -292,16 +246,8 @@ def refused() -> Exchange:
     body = {
         "error": {"message": "too long", "type": "invalid_request_error", "code": "context_length_exceeded"}
     }
-    ex = Exchange(
-        method="POST",
-        path="/v1/chat/completions",
-        endpoint="chat",
-        session_id="s-h",
-        request=b"{x",
-        response=body,
-        status=400,
-        started=1700000003.0,
-        ended=1700000003.001,
+    ex = exchange(
+        None, body, session_id="s-h", request=b"{x", status=400, started=1700000003.0, ended=1700000003.001
     )
     ex.fail("client_error", "too long")
     return ex
@@ -310,7 +256,7 @@ def refused() -> Exchange:
 @pytest.mark.parametrize("keep_raw_sse", [False, True])
 async def test_har_is_valid_1_2_with_streamed_bodies(tmp_path: Path, keep_raw_sse: bool) -> None:
     raw = b"".join(sse_events("chat", CHAT, include_usage=True)).replace(b"\n\n", b"\r\n\r\n")
-    await store_of(tmp_path / "r.db", streamed_chat(raw), refused(), keep_raw_sse=keep_raw_sse)
+    await recorded(tmp_path / "r.db", streamed_chat(raw), refused(), keep_raw_sse=keep_raw_sse)
     with StoreReader(tmp_path / "r.db") as reader:
         log = json.loads(json.dumps(har(reader, "s-h")))["log"]
     assert (log["version"], log["creator"]["name"], log["pages"][0]["id"]) == ("1.2", "modeltap", "s-h")
@@ -360,7 +306,7 @@ async def test_har_is_valid_1_2_with_streamed_bodies(tmp_path: Path, keep_raw_ss
 
 
 async def test_jsonl_has_a_format_version_and_every_field(tmp_path: Path) -> None:
-    await store_of(tmp_path / "r.db", streamed_chat(b"data: [DONE]\n\n"), refused(), keep_raw_sse=True)
+    await recorded(tmp_path / "r.db", streamed_chat(b"data: [DONE]\n\n"), refused(), keep_raw_sse=True)
     out = io.StringIO()
     with StoreReader(tmp_path / "r.db") as reader:
         write_export(reader, "s-h", "jsonl", out)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,48 +21,28 @@ from modeltap.records.replay import (
     mock_app,
     route_key,
 )
-from modeltap.records.store import RecordStore
 from modeltap.records.view import turn_record
+from tests.factories import assistant, chat_completion, exchange, recorded, usage
 
 ClientFactory = Callable[..., Any]
 
 
 def reply(text: str) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{text}",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-    }
+    return chat_completion(assistant(text), usage=usage(5, 1), id=f"chatcmpl-{text}", created=1, model="m")
 
 
 def chat(session: str, ask: str, answer: str, **fields: Any) -> Exchange:
     request = {"model": "m", "messages": [{"role": "user", "content": ask}], **fields.pop("extra", {})}
-    return Exchange(
-        method="POST",
+    return exchange(
+        request,
+        reply(answer),
         path="/s/…/v1/chat/completions",
-        endpoint="chat",
         session_id=session,
-        request=json.dumps(request).encode(),
-        request_json=request,
-        response=reply(answer),
-        status=200,
         started=10.0,
         first_byte=10.1,
         ended=10.2,
         **fields,
     )
-
-
-async def stored(path: Path, *exchanges: Exchange, keep_raw_sse: bool = False) -> Path:
-    store = RecordStore(path, keep_raw_sse=keep_raw_sse)
-    store.start()
-    for ex in exchanges:
-        await store.submit(ex)
-    await store.close()
-    return path
 
 
 def ask(text: str, **extra: Any) -> dict[str, Any]:
@@ -81,7 +60,7 @@ def test_route_key_and_body_digest_ignore_what_varies_between_runs() -> None:
 
 
 async def test_mock_prefers_exact_bodies_then_turn_order_then_starts_over(tmp_path: Path) -> None:
-    path = await stored(
+    path = await recorded(
         tmp_path / "r.db",
         chat("s1", "turn one", "A"),
         chat("s1", "a title please", "TITLE"),
@@ -114,7 +93,7 @@ async def test_mock_prefers_exact_bodies_then_turn_order_then_starts_over(tmp_pa
 
 async def test_turn_order_prefers_a_recorded_turn_of_the_same_kind(tmp_path: Path) -> None:
     tools = {"tools": [{"type": "function", "function": {"name": "bash"}}]}
-    path = await stored(
+    path = await recorded(
         tmp_path / "r.db",
         chat("s1", "turn one in /tmp/a", "CALL", extra=tools),
         chat("s1", "title for: turn one in /tmp/a", "TITLE"),
@@ -142,7 +121,7 @@ async def test_mock_answers_json_streams_and_errors_in_the_clients_shape(
         400,
         {"error": {"message": "too long", "code": "context_length_exceeded"}},
     )
-    path = await stored(tmp_path / "r.db", chat("s1", "hi", "hello"), streamed, failed)
+    path = await recorded(tmp_path / "r.db", chat("s1", "hi", "hello"), streamed, failed)
     client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1")))
 
     plain = await client.post("/v1/chat/completions", json=ask("hi"))
@@ -191,7 +170,7 @@ async def test_mock_replays_raw_sse_byte_for_byte_event_by_event(
     raw = b': keep-alive\n\ndata: {"choices": [{"index": 0, "delta": {"content": "4"}}]}\r\n\r\n'
     raw += b"data: [DONE]\n\n"
     ex = chat("s1", "hi", "4", streamed=True, stream_complete=True, raw_sse=raw)
-    path = await stored(tmp_path / "r.db", ex, keep_raw_sse=True)
+    path = await recorded(tmp_path / "r.db", ex, keep_raw_sse=True)
     client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1")))
     response = await client.post("/v1/chat/completions", json=ask("other words", stream=True))
     assert await response.read() == raw
@@ -200,7 +179,7 @@ async def test_mock_replays_raw_sse_byte_for_byte_event_by_event(
 async def test_realtime_mock_keeps_the_recorded_pace(tmp_path: Path, aiohttp_client: ClientFactory) -> None:
     ex = chat("s1", "hi", "4", streamed=True, stream_complete=True)
     ex.started, ex.first_byte, ex.ended = 10.0, 10.3, 10.6
-    path = await stored(tmp_path / "r.db", ex)
+    path = await recorded(tmp_path / "r.db", ex)
     client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1", realtime=True)))
     loop = asyncio.get_running_loop()
     started = loop.time()

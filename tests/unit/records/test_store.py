@@ -12,6 +12,7 @@ import pytest
 
 from modeltap.records.exchange import Exchange
 from modeltap.records.store import SCHEMA_VERSION, RecordStore, StoreClosed, StoreReader, connect, migrate
+from tests.factories import exchange
 
 WORDS = "the proxy records every turn of an agent run with its tools tokens and timing".split()
 
@@ -41,11 +42,7 @@ def chat_exchange(session: str, turn: int, *, big: str = "x" * 2000, words: int 
         ],
         "usage": {"prompt_tokens": 10 * (turn + 1), "completion_tokens": 3},
     }
-    return Exchange(
-        method="POST", path="/v1/chat/completions", endpoint="chat", session_id=session,
-        labels={"task_id": "t"}, request=json.dumps(body).encode(), request_json=body, response=response,
-        status=200, ended=1.0,
-    )  # fmt: skip
+    return exchange(body, response, session_id=session, labels={"task_id": "t"}, ended=1.0)
 
 
 async def test_round_trip_rebuilds_request_and_summary(tmp_path: Path) -> None:
@@ -94,9 +91,7 @@ async def test_back_pressure_waits_instead_of_dropping(tmp_path: Path) -> None:
 async def test_bad_json_request_is_kept_as_text(tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "r.db")
     store.start()
-    ex = Exchange(
-        method="POST", path="/v1/chat/completions", endpoint="chat", request=b"{not json", status=400
-    )
+    ex = exchange(None, None, request=b"{not json", status=400)
     await store.submit(ex)
     await store.close()
     with StoreReader(tmp_path / "r.db") as reader:

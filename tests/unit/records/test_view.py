@@ -23,20 +23,11 @@ from modeltap.records.view import (
     turn_text,
     turns,
 )
+from tests.factories import assistant, exchange, recorded, tool_call
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 ASK = {"role": "user", "content": "Run `echo $((6 * 7))`."}
-CALL = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {
-            "id": "call_1",
-            "type": "function",
-            "function": {"name": "bash", "arguments": '{"command": "echo 42"}'},
-        }
-    ],
-}
+CALL = assistant(None, tool_call("call_1", "bash", '{"command": "echo 42"}'))
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "42\n"}
 TITLE_ASK = [{"role": "system", "content": "You are a title generator."}, ASK]
 
@@ -58,35 +49,23 @@ def chat(messages: list[dict[str, Any]], response: dict[str, Any] | None, **fiel
         "tools": [{"type": "function", "function": {"name": "bash"}}],
     }
     settings: dict[str, Any] = {
-        "method": "POST",
-        "path": "/v1/chat/completions",
-        "endpoint": "chat",
         "session_id": "s-view",
-        "request": json.dumps(request).encode(),
-        "request_json": request,
-        "response": response,
-        "status": 200,
         "started": 1000.0,
         "first_byte": 1000.25,
         "ended": 1001.5,
         "user_agent": "OpenAI/Python 3.57.0",
     }
-    return Exchange(**(settings | fields))
+    return exchange(request, response, **(settings | fields))
 
 
-async def recorded(path: Path, *exchanges: Exchange) -> list[dict[str, Any]]:
+async def recorded_rows(path: Path, *exchanges: Exchange) -> list[dict[str, Any]]:
     """`exchanges` written by the real store and read back as `show` reads them."""
-    store = RecordStore(path)
-    store.start()
-    for ex in exchanges:
-        await store.submit(ex)
-    await store.close()
-    with StoreReader(path) as reader:
+    with StoreReader(await recorded(path, *exchanges)) as reader:
         return reader.exchanges()
 
 
 async def test_each_turn_shows_what_it_added_against_the_turn_it_continues(tmp_path: Path) -> None:
-    rows = await recorded(
+    rows = await recorded_rows(
         tmp_path / "r.db",
         chat([SYSTEM, ASK], chat_reply(calls=CALL["tool_calls"])),
         chat(TITLE_ASK, chat_reply("Shell arithmetic"), request_json={"model": "m", "messages": TITLE_ASK}),
@@ -127,7 +106,7 @@ async def test_errors_budget_and_parse_failures_are_part_of_the_turn(tmp_path: P
     overflow.fail("model_fault", "This model's maximum context length is 1000 tokens.")
     broken = chat_reply()
     broken["choices"][0]["finish_reason"] = "tool_calls"  # AReaL's failed tool-call parse
-    rows = await recorded(tmp_path / "r.db", chat([SYSTEM, ASK], broken, budget=budget), overflow)
+    rows = await recorded_rows(tmp_path / "r.db", chat([SYSTEM, ASK], broken, budget=budget), overflow)
     clamped, failed = turns(rows)
     assert clamped["budget"] == budget and clamped["tool_call_parse_failure"]
     assert failed["error"] == {
@@ -143,7 +122,7 @@ async def test_errors_budget_and_parse_failures_are_part_of_the_turn(tmp_path: P
 
 async def test_session_text_lists_messages_calls_results_and_reply(tmp_path: Path) -> None:
     long_output = "line\n" * 100
-    rows = await recorded(
+    rows = await recorded_rows(
         tmp_path / "r.db",
         chat([SYSTEM, ASK], chat_reply(calls=CALL["tool_calls"])),
         chat([SYSTEM, ASK, CALL, {**RESULT, "content": long_output}], chat_reply("42"), streamed=True),
@@ -189,16 +168,7 @@ async def test_anthropic_turns_show_blocks_and_a_changed_system_prompt(tmp_path:
             "stop_reason": "tool_use",
             "usage": {"input_tokens": 5},
         }
-        return Exchange(
-            method="POST",
-            path="/v1/messages?beta=true",
-            endpoint="messages",
-            session_id="s-a",
-            request=json.dumps(body).encode(),
-            request_json=body,
-            response=reply,
-            status=200,
-        )
+        return exchange(body, reply, path="/v1/messages?beta=true", endpoint="messages", session_id="s-a")
 
     use = {
         "role": "assistant",
@@ -208,7 +178,7 @@ async def test_anthropic_turns_show_blocks_and_a_changed_system_prompt(tmp_path:
         "role": "user",
         "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}],
     }
-    rows = await recorded(
+    rows = await recorded_rows(
         tmp_path / "r.db",
         messages([ASK], "be brief"),
         messages([ASK, use, result], "be brief"),
