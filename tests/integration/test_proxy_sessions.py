@@ -534,6 +534,11 @@ async def test_the_session_token_reaches_neither_upstream_nor_log_nor_store(
                 method, url, data=data, headers={"Content-Type": "application/json"}
             ) as r:
                 assert r.status == status, url
+        # On an OpenAI route the upstream key replaces only Authorization: an x-api-key must be dropped.
+        async with http.post(
+            areal_proxy.host_base_url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": token}
+        ) as r:
+            assert r.status == 200
         areal_proxy.sessions.close(session.id)
         for url, headers in [
             (base + "/v1/chat/completions", {}),
@@ -543,7 +548,7 @@ async def test_the_session_token_reaches_neither_upstream_nor_log_nor_store(
                 assert r.status == 401
     await areal_proxy.stop()
 
-    assert len(areal.model_requests) == 8
+    assert len(areal.model_requests) == 9
     for sent in areal.requests:
         assert token not in sent.path_qs and token.encode() not in sent.raw
         assert not any(token in value for value in sent.headers.values())
@@ -551,4 +556,4 @@ async def test_the_session_token_reaches_neither_upstream_nor_log_nor_store(
     stored = b"".join(p.read_bytes() for p in store_path.parent.glob(store_path.name + "*"))
     assert token.encode() not in stored
     rows = records(store_path)
-    assert len(rows) == 16 and all(token not in (r["path"] + (r["error_message"] or "")) for r in rows)
+    assert len(rows) == 17 and all(token not in (r["path"] + (r["error_message"] or "")) for r in rows)

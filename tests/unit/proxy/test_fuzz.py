@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from yarl import URL
 
@@ -121,6 +121,9 @@ def _routable(path: str, route: Route) -> bool:
 
 @PURE
 @given(path=decoded_paths())
+@example(path="/models/..")
+@example(path=f"/s/{TOKEN}/v1/models/.")
+@example(path=f"/s/{TOKEN}/v1/chat/completions/../../rl/set_reward")
 def test_resolve_routes_only_known_endpoints_and_raises_nothing_else(path: str) -> None:
     try:
         route = resolve(path)
