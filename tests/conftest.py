@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +10,12 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 pytest_plugins = ["tests.standins.fixtures"]
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> Path:
+    """Where a test's proxy writes its records."""
+    return tmp_path / "records.db"
 
 
 @pytest.fixture(scope="session")

@@ -22,11 +22,6 @@ START_TIMEOUT_S = 10.0
 
 
 @pytest.fixture
-def store_path(tmp_path: Path) -> Path:
-    return tmp_path / "records.db"
-
-
-@pytest.fixture
 def areal() -> Iterator[ArealStandIn]:
     with ArealStandIn() as upstream:
         yield upstream

@@ -14,32 +14,16 @@ import openai
 import pytest
 
 from modeltap.proxy.server import Proxy
+from tests.factories import ASK, BASH_TOOL
 from tests.integration.conftest import records
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
 
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "run a shell command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
 BASH_ANTHROPIC = {
     "name": "bash",
-    "description": "run a shell command",
-    "input_schema": {
-        "type": "object",
-        "properties": {"command": {"type": "string"}},
-        "required": ["command"],
-    },
+    "description": BASH_TOOL["function"]["description"],
+    "input_schema": BASH_TOOL["function"]["parameters"],
 }
-ASK = [{"role": "user", "content": "Run `echo $((6 * 7))` and reply with the number."}]
 
 
 def openai_client(base_url: str, key: str = "unused") -> openai.AsyncOpenAI:
@@ -57,16 +41,16 @@ async def test_openai_sdk_reaches_areal_bare_path_with_the_session_key(
     upstream_session = areal.open_session("t1")
     session = areal_proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"task_id": "t1"})
     async with openai_client(session.host_base_url + suffix) as client:
-        first = await client.chat.completions.create(model="policy", messages=ASK, tools=[BASH])
+        first = await client.chat.completions.create(model="policy", messages=[ASK], tools=[BASH_TOOL])
         call = first.choices[0].message.tool_calls[0]
         assert (call.function.name, json.loads(call.function.arguments)["command"]) == (
             "bash",
             "echo $((6 * 7))",
         )
-        history = [*ASK, first.choices[0].message.model_dump(exclude_none=True)]
+        history = [ASK, first.choices[0].message.model_dump(exclude_none=True)]
         history.append({"role": "tool", "tool_call_id": call.id, "content": "42\n"})
         stream = await client.chat.completions.create(
-            model="policy", messages=history, tools=[BASH], stream=True
+            model="policy", messages=history, tools=[BASH_TOOL], stream=True
         )
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == "42"
@@ -100,7 +84,7 @@ async def test_anthropic_sdk_through_any_base(
         kwargs: dict[str, Any] = {
             "model": "claude-x",
             "max_tokens": 256,
-            "messages": ASK,
+            "messages": [ASK],
             "tools": [BASH_ANTHROPIC],
         }
         if stream:
@@ -132,7 +116,7 @@ async def test_models_served_locally_and_count_tokens_without_tokenizer(
         async with anthropic_client(proxy.host_base_url) as client:
             assert [m.id for m in (await client.models.list()).data] == ["qwen-policy"]
             with pytest.raises(anthropic.APIStatusError) as info:
-                await client.messages.count_tokens(model="m", messages=ASK)
+                await client.messages.count_tokens(model="m", messages=[ASK])
     assert info.value.status_code == 501 and "--tokenizer" in info.value.message
 
 
@@ -141,10 +125,10 @@ async def test_vllm_layout_passes_api_404_through_without_fallback(
 ) -> None:
     with OpenAILikeStandIn() as vllm:
         async with make_proxy(upstream=vllm.url) as proxy, openai_client(proxy.host_base_url) as client:
-            reply = await client.chat.completions.create(model=vllm.config.model, messages=ASK)
+            reply = await client.chat.completions.create(model=vllm.config.model, messages=[ASK])
             assert reply.choices[0].finish_reason == "stop"
             with pytest.raises(openai.NotFoundError) as info:
-                await client.chat.completions.create(model="no-such-model", messages=ASK)
+                await client.chat.completions.create(model="no-such-model", messages=[ASK])
         assert "no-such-model" in info.value.message  # the API's own 404, passed through
         assert [r.path for r in vllm.model_requests] == ["/v1/chat/completions"] * 2
     rows = records(store_path)
@@ -181,7 +165,7 @@ async def test_upstream_down_is_502_and_slow_is_504(
         openai_client(proxy.host_base_url) as client,
     ):
         with pytest.raises(openai.APIStatusError) as down:
-            await client.chat.completions.create(model="m", messages=ASK)
+            await client.chat.completions.create(model="m", messages=[ASK])
     assert down.value.status_code == 502 and "cannot connect" in down.value.message
     areal.inject("stall", stall_s=5)
     async with (
@@ -189,7 +173,7 @@ async def test_upstream_down_is_502_and_slow_is_504(
         openai_client(proxy.host_base_url) as client,
     ):
         with pytest.raises(openai.APIStatusError) as slow:
-            await client.chat.completions.create(model="m", messages=ASK)
+            await client.chat.completions.create(model="m", messages=[ASK])
     assert slow.value.status_code == 504 and slow.value.body["code"] == "upstream_timeout"
 
 

@@ -28,6 +28,7 @@ from modeltap.records.replay import load_mock, mock_app, replay
 from modeltap.records.store import StoreReader
 from modeltap.records.view import turns
 from tests.agents import arun_opencode
+from tests.factories import ASK, BASH_TOOL
 from tests.integration.conftest import records
 from tests.standins.anthropic_like import AnthropicLikeStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
@@ -36,39 +37,20 @@ from tests.standins.script import Conversation, Reply, ToolCall, shell_arithmeti
 MODELTAP = str(Path(sys.executable).parent / "modeltap")
 # A subprocess command prints its address within a second or two; a loaded CI machine gets more.
 START_TIMEOUT_S = 30.0
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "run a shell command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
-ASK = {"role": "user", "content": "Run `echo $((6 * 7))` and reply with the number."}
-
-
-@pytest.fixture
-def vllm() -> Iterator[OpenAILikeStandIn]:
-    with OpenAILikeStandIn() as upstream:
-        yield upstream
 
 
 def play(base_url: str, *, ask: dict[str, Any] = ASK) -> list[Any]:
     """The openai SDK's two-turn tool loop: a non-streamed tool call, the result, a streamed answer
     with usage. Returns what the SDK got: the tool call and the streamed text."""
     client = openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0)
-    first = client.chat.completions.create(model="standin-model", messages=[ask], tools=[BASH])
+    first = client.chat.completions.create(model="standin-model", messages=[ask], tools=[BASH_TOOL])
     call = first.choices[0].message.tool_calls[0]
     history = [ask, first.choices[0].message.model_dump(exclude_none=True)]
     history.append({"role": "tool", "tool_call_id": call.id, "content": "42\n"})
     stream = client.chat.completions.create(
         model="standin-model",
         messages=history,
-        tools=[BASH],
+        tools=[BASH_TOOL],
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -123,16 +105,16 @@ def cli_process(*argv: str, ready: str | None) -> Iterator[tuple[subprocess.Pope
 
 
 def test_show_export_on_an_openai_sdk_session(
-    vllm: OpenAILikeStandIn,
+    vllm_standin: OpenAILikeStandIn,
     threaded_proxy: Callable[..., Any],
     store_path: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with threaded_proxy(upstream=vllm.url) as proxy:
+    with threaded_proxy(upstream=vllm_standin.url) as proxy:
         session = proxy.sessions.open(labels={"agent": "openai-sdk"})
         play(session.host_base_url + "/v1")
-        vllm.inject("400ctx")
+        vllm_standin.inject("400ctx")
         with pytest.raises(openai.BadRequestError):
             openai.OpenAI(
                 base_url=session.host_base_url + "/v1", api_key="k", max_retries=0
@@ -179,7 +161,7 @@ def test_show_export_on_an_openai_sdk_session(
     exported = json.loads(out)
     assert [m["role"] for m in exported["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert exported["messages"][1]["tool_calls"][0]["function"]["name"] == "bash"
-    assert exported["messages"][-1]["content"] == "42" and exported["tools"] == [BASH]
+    assert exported["messages"][-1]["content"] == "42" and exported["tools"] == [BASH_TOOL]
 
     code, out = run_cli(capsys, "export", session.id, "--format", "jsonl", "--store", store)
     assert [json.loads(line)["format_version"] for line in out.splitlines()] == [1, 1, 1]
@@ -191,17 +173,17 @@ def answers_41(conversation: Conversation) -> Reply:
 
 
 def test_replay_shows_what_another_upstream_answers_differently(
-    vllm: OpenAILikeStandIn,
+    vllm_standin: OpenAILikeStandIn,
     threaded_proxy: Callable[..., Any],
     store_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    session_id = record_session(threaded_proxy, vllm)
+    session_id = record_session(threaded_proxy, vllm_standin)
     store = str(store_path)
 
-    code, out = run_cli(capsys, "replay", session_id, "--upstream", vllm.url, "--store", store)
+    code, out = run_cli(capsys, "replay", session_id, "--upstream", vllm_standin.url, "--store", store)
     assert code == 0 and "2 turn(s) replayed, 0 differ" in out, out
-    assert len(vllm.model_requests) == 4  # recorded twice, replayed twice
+    assert len(vllm_standin.model_requests) == 4  # recorded twice, replayed twice
 
     with OpenAILikeStandIn(script=answers_41) as other:
         code, out = run_cli(
@@ -222,13 +204,13 @@ def test_replay_shows_what_another_upstream_answers_differently(
 
 
 def test_mock_serves_the_session_to_the_sdk_and_to_replay(
-    vllm: OpenAILikeStandIn,
+    vllm_standin: OpenAILikeStandIn,
     threaded_proxy: Callable[..., Any],
     store_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    session_id = record_session(threaded_proxy, vllm)
-    served = vllm.model_requests
+    session_id = record_session(threaded_proxy, vllm_standin)
+    served = vllm_standin.model_requests
     with cli_process("mock", "--session", session_id, "--store", str(store_path), ready="listening on") as (
         _,
         line,
@@ -239,12 +221,12 @@ def test_mock_serves_the_session_to_the_sdk_and_to_replay(
         assert play(url + "/v1", ask=other_ask) == ["bash", {"command": "echo $((6 * 7))"}, "42"]
         code, out = run_cli(capsys, "replay", session_id, "--upstream", url, "--store", str(store_path))
         assert code == 0 and "2 turn(s) replayed, 0 differ" in out, out
-    assert vllm.model_requests == served  # the upstream saw nothing of either
+    assert vllm_standin.model_requests == served  # the upstream saw nothing of either
 
 
-def test_tail_follows_serve_from_another_process(vllm: OpenAILikeStandIn, store_path: Path) -> None:
+def test_tail_follows_serve_from_another_process(vllm_standin: OpenAILikeStandIn, store_path: Path) -> None:
     store = str(store_path)
-    serve = ("serve", "--upstream", vllm.url, "--host", "127.0.0.1", "--port", "0", "--store", store)
+    serve = ("serve", "--upstream", vllm_standin.url, "--host", "127.0.0.1", "--port", "0", "--store", store)
     with cli_process(*serve, ready="modeltap listening on") as (_, line):
         base = "http://" + line.split("listening on ")[1]
         with cli_process("tail", "--store", store, ready=None) as (tail, _):
@@ -288,7 +270,7 @@ async def test_a_long_session_costs_about_its_final_conversation(
                 reply = await client.chat.completions.create(
                     model="standin-model",
                     messages=history,
-                    tools=[BASH],
+                    tools=[BASH_TOOL],
                     stream=turn % 2 == 1,
                     **({"stream_options": {"include_usage": True}} if turn % 2 else {}),
                 )
@@ -343,14 +325,14 @@ async def test_a_long_session_costs_about_its_final_conversation(
 
 @pytest.mark.agents
 async def test_opencode_session_shown_exported_mocked_and_replayed(
-    vllm: OpenAILikeStandIn,
+    vllm_standin: OpenAILikeStandIn,
     make_proxy: Callable[..., Proxy],
     store_path: Path,
     tmp_path: Path,
     aiohttp_server: Any,
 ) -> None:
     workdir = tmp_path / "project"
-    async with make_proxy(upstream=vllm.url) as proxy:
+    async with make_proxy(upstream=vllm_standin.url) as proxy:
         session = proxy.sessions.open(labels={"agent": "opencode"})
         run = await arun_opencode(session.host_base_url + "/v1", "sk-opencode", workdir)
         assert run.exit_code == 0 and run.final_text == "42", run.describe()
@@ -369,9 +351,9 @@ async def test_opencode_session_shown_exported_mocked_and_replayed(
     server = await aiohttp_server(mock_app(load_mock(store_path, session=session.id)))
     again = await arun_opencode(str(server.make_url("/v1")), "sk-offline", workdir)
     assert again.exit_code == 0 and again.final_text == "42", again.describe()
-    assert len(vllm.model_requests) == 3
+    assert len(vllm_standin.model_requests) == 3
 
-    async with make_proxy(upstream=vllm.url, sync=True) as proxy:
+    async with make_proxy(upstream=vllm_standin.url, sync=True) as proxy:
         replayed = proxy.sessions.open(labels={"replay_of": session.id})
         comparisons = await replay(store_path, session.id, replayed.host_base_url, replay_session=replayed.id)
     assert [c["differs"] for c in comparisons] == [[], [], []]
@@ -382,8 +364,8 @@ async def test_mock_streams_what_the_anthropic_and_responses_sdks_accept(
 ) -> None:
     """Recorded unstreamed, asked for streamed: the mock re-synthesises each dialect's events, and the
     real SDKs rebuild from them the very message that was recorded."""
-    bash = {"name": "bash", "description": "shell", "input_schema": BASH["function"]["parameters"]}
-    responses_bash = {"type": "function", "name": "bash", "parameters": BASH["function"]["parameters"]}
+    bash = {"name": "bash", "description": "shell", "input_schema": BASH_TOOL["function"]["parameters"]}
+    responses_bash = {"type": "function", "name": "bash", "parameters": BASH_TOOL["function"]["parameters"]}
     with AnthropicLikeStandIn() as claude, OpenAILikeStandIn() as vllm:
         async with make_proxy(upstream=vllm.url) as proxy:
             session = proxy.sessions.open()

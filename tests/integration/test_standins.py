@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from tests.agents import run_claude, run_opencode
+from tests.factories import BASH_TOOL
 from tests.standins import (
     FINAL_ANSWER,
     TITLE,
@@ -33,17 +34,6 @@ from tests.standins import (
 from tests.standins.areal import BAD_SESSION_KEY, MISSING_TOKEN
 
 USER = [{"role": "user", "content": "hello"}]
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
 CLAUDE_BASH = {
     "name": "Bash",
     "input_schema": {

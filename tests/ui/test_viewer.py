@@ -4,7 +4,7 @@ through a real Proxy, and its API. Screenshots land in tests/artifacts/ui/."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,55 +15,33 @@ from aiohttp.test_utils import TestClient, TestServer
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.records.ui import viewer_app
+from tests.factories import ASK, BASH_TOOL
 from tests.standins.openai_like import OpenAILikeStandIn
 from tests.ui.browser import Browser
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "ui"
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
-ASK = {"role": "user", "content": "Run `echo $((6 * 7))` and reply with the number."}
-
-
-@pytest.fixture
-def store_path(tmp_path: Path) -> Path:
-    return tmp_path / "records.db"
-
-
-@pytest.fixture
-def vllm() -> Iterator[OpenAILikeStandIn]:
-    with OpenAILikeStandIn() as upstream:
-        yield upstream
 
 
 async def agent_turns(client: openai.AsyncOpenAI) -> None:
     """The SDK's tool loop: a tool call, then the streamed answer once the result is in."""
-    first = await client.chat.completions.create(model="standin-model", messages=[ASK], tools=[BASH])
+    first = await client.chat.completions.create(model="standin-model", messages=[ASK], tools=[BASH_TOOL])
     call = first.choices[0].message.tool_calls[0]
     history = [ASK, first.choices[0].message.model_dump(exclude_none=True)]
     history.append({"role": "tool", "tool_call_id": call.id, "content": "42\n"})
     stream = await client.chat.completions.create(
-        model="standin-model", messages=history, tools=[BASH], stream=True
+        model="standin-model", messages=history, tools=[BASH_TOOL], stream=True
     )
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == "42"
 
 
 async def test_viewer_shows_a_session_its_tool_calls_and_errors_and_updates_live(
-    vllm: OpenAILikeStandIn, store_path: Path, aiohttp_server: Callable[..., Any]
+    vllm_standin: OpenAILikeStandIn, store_path: Path, aiohttp_server: Callable[..., Any]
 ) -> None:
-    async with Proxy(_config(vllm, store_path, sync=True)) as proxy:
+    async with Proxy(_config(vllm_standin, store_path, sync=True)) as proxy:
         session = proxy.sessions.open(labels={"agent": "openai-sdk"})
         client = openai.AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="k", max_retries=0)
         await agent_turns(client)
-        vllm.inject("400ctx")
+        vllm_standin.inject("400ctx")
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(model="standin-model", messages=[ASK])
         server: TestServer = await aiohttp_server(viewer_app(store_path))
@@ -122,13 +100,13 @@ async def test_viewer_shows_a_session_its_tool_calls_and_errors_and_updates_live
 
 
 async def test_api_waits_for_records_exports_and_answers_only_loopback_names(
-    vllm: OpenAILikeStandIn, store_path: Path, aiohttp_client: Callable[..., Any]
+    vllm_standin: OpenAILikeStandIn, store_path: Path, aiohttp_client: Callable[..., Any]
 ) -> None:
     client: TestClient = await aiohttp_client(viewer_app(store_path))
     waiting = await (await client.get("/api/sessions")).json()
     assert waiting == {"store": str(store_path), "waiting": True, "sessions": []}
 
-    async with Proxy(_config(vllm, store_path)) as proxy:
+    async with Proxy(_config(vllm_standin, store_path)) as proxy:
         session = proxy.sessions.open()
         sdk = openai.AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="k", max_retries=0)
         await agent_turns(sdk)
