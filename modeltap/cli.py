@@ -258,10 +258,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _serve_until_signalled(config: ProxyConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     async with Proxy(config) as proxy:
         default = None
         if config.upstream_key and not is_loopback(config.host) and not config.lend_key_to_anonymous:
@@ -269,6 +266,16 @@ async def _serve_until_signalled(config: ProxyConfig) -> None:
         print(startup_report(proxy, default), flush=True)
         await stop.wait()
         print("modeltap: stopping; flushing records", flush=True)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM. A plain signal handler, not `loop.add_signal_handler`: that one
+    learns of a signal through asyncio's self-pipe, which a burst of wake-ups can fill, dropping it."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
+    return stop
 
 
 def _sessions(args: argparse.Namespace) -> int:
@@ -363,10 +370,7 @@ def _ui(args: argparse.Namespace) -> int:
 
 
 async def _serve_app_until_signalled(app: web.Application, host: str, port: int, banner: str) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:

@@ -286,9 +286,17 @@ class RecordStore:
             else:
                 self.failures += 1
                 log.error("record store: failed to write a record to %s", self.path, exc_info=item_error)
+        # One hand-off per loop per batch, not one per record: a burst of thousands of wake-ups fills
+        # asyncio's self-pipe, and a signal's wake-up byte is then dropped (serve missed a SIGTERM so).
+        settled: dict[
+            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None] | None, Exception | None]]
+        ] = {}
         for (_, loop, future), item_error in zip(batch, errors, strict=True):
-            if loop is not None and self._slots is not None:
-                _call_soon(loop, functools.partial(_settle, self._slots, future, item_error))
+            if loop is not None:
+                settled.setdefault(loop, []).append((future, item_error))
+        for loop, outcomes in settled.items():
+            if self._slots is not None:
+                _call_soon(loop, functools.partial(_settle, self._slots, outcomes))
 
     def _write_items(self, conn: sqlite3.Connection, items: list[_Item]) -> Exception | None:
         try:
@@ -404,14 +412,16 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) 
 
 
 def _settle(
-    slots: asyncio.Semaphore, future: asyncio.Future[None] | None, error: BaseException | None
+    slots: asyncio.Semaphore, outcomes: list[tuple[asyncio.Future[None] | None, Exception | None]]
 ) -> None:
-    slots.release()
-    if future is not None and not future.done():
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
+    """On the submitting loop: free the written records' queue slots and wake their `wait`ers."""
+    for future, error in outcomes:
+        slots.release()
+        if future is not None and not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
 
 def _write_session(conn: sqlite3.Connection, row: _SessionRow) -> None:
