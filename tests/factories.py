@@ -91,6 +91,11 @@ def assistant(content: str | None, *tool_calls: dict[str, Any], **fields: Any) -
     return {"role": "assistant", "content": content, **fields, **calls}
 
 
+def _openai_head(kind: str, id: str, created: int, model: str) -> dict[str, Any]:
+    """The fields every OpenAI chat or completions object opens with."""
+    return {"id": id, "object": kind, "created": created, "model": model}
+
+
 def chat_completion(
     message: dict[str, Any],
     finish_reason: str = "stop",
@@ -102,14 +107,8 @@ def chat_completion(
     **choice: Any,
 ) -> dict[str, Any]:
     """A non-streamed chat completion with one choice; `choice` adds fields to it (`logprobs`)."""
-    return {
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": message, **choice, "finish_reason": finish_reason}],
-        "usage": usage,
-    }
+    choices = [{"index": 0, "message": message, **choice, "finish_reason": finish_reason}]
+    return {**_openai_head("chat.completion", id, created, model), "choices": choices, "usage": usage}
 
 
 def text_completion(
@@ -122,15 +121,7 @@ def text_completion(
     model: str = MODEL,
 ) -> dict[str, Any]:
     """A non-streamed legacy completion with one choice."""
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-    }
+    return {**completion_chunk(text, finish_reason, id=id, created=created, model=model), "usage": usage}
 
 
 def message(
@@ -211,14 +202,8 @@ def chat_chunk(
     **extra: Any,
 ) -> dict[str, Any]:
     """A chat completion chunk with one choice; `extra` adds top-level fields (`usage`)."""
-    return {
-        "id": id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
-        **extra,
-    }
+    choices = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+    return {**_openai_head("chat.completion.chunk", id, created, model), "choices": choices, **extra}
 
 
 def tool_call_delta(
@@ -243,14 +228,9 @@ def completion_chunk(
     created: int = CREATED,
     model: str = MODEL,
 ) -> dict[str, Any]:
-    """A legacy completion chunk with one choice."""
-    return {
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-    }
+    """A legacy completion chunk with one choice (a non-streamed completion is one, with usage)."""
+    choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
+    return {**_openai_head("text_completion", id, created, model), "choices": choices}
 
 
 # --- exchanges -------------------------------------------------------------------------------------------
