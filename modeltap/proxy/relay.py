@@ -344,10 +344,13 @@ async def _relay_stream(
             if raw is not None:
                 raw.append(chunk)
     except ProxyError as err:
+        upstream_broke = True
         ex.fail(err.error_class, f"the upstream stream broke: {err.message}")
     except ConnectionError:
         ex.client_disconnected = True
         ex.fail("client_disconnect", "the client closed the connection mid-stream")
+    else:
+        upstream_broke = False
     result = assembler.result()
     ex.response, ex.stream_complete = result.body, result.complete
     if raw is not None:
@@ -355,7 +358,11 @@ async def _relay_stream(
     if result.error is not None:
         ex.fail("upstream_error", result.error)
     await record()
-    if not ex.client_disconnected:
+    if upstream_broke and request.transport is not None:
+        # Pass the break on: a clean end would read as a complete (if short) answer to SDKs that do
+        # not check for the final event (the openai SDK ends such a stream silently).
+        request.transport.abort()
+    elif not ex.client_disconnected:
         try:
             await response.write_eof()
         except ConnectionError:

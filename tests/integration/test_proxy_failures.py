@@ -103,16 +103,18 @@ async def test_broken_and_truncated_streams_are_recorded(
         vllm.inject("badsse")
         vllm.inject("truncate")
         async with make_proxy(upstream=vllm.url) as proxy, aiohttp.ClientSession() as http:
-            for _ in range(2):
-                async with http.post(
-                    proxy.host_base_url + "/v1/chat/completions", json=CHAT | {"stream": True}
-                ) as r:
-                    await r.read()
-                    assert r.status == 200  # the status was sent before the stream broke
+            url = proxy.host_base_url + "/v1/chat/completions"
+            async with http.post(url, json=CHAT | {"stream": True}) as r:
+                assert b"{not json" in await r.read()  # relayed as sent: the bytes themselves arrived whole
+                assert r.status == 200
+            async with http.post(url, json=CHAT | {"stream": True}) as r:
+                assert r.status == 200  # the status was sent before the stream broke
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()  # the break is passed on, not turned into a clean end
         rows = records(store_path)
     assert [r["error_class"] for r in rows] == ["upstream_error", "upstream_error"]
     assert "not JSON" in rows[0]["error_message"]
-    assert not rows[1]["stream_complete"]
+    assert not rows[1]["stream_complete"] and "broke" in rows[1]["error_message"]
 
 
 async def test_no_secret_reaches_the_store(
