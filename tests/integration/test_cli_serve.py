@@ -11,10 +11,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from modeltap.proxy.server import Proxy
 from modeltap.records.store import StoreReader
 from tests.standins.areal import ArealStandIn
 
@@ -83,3 +85,13 @@ def test_serve_with_a_key_on_a_network_listener_prints_a_session_url(
     assert "lent only through this session's URLs" in report
     assert re.search(r"http://127\.0\.0\.1:\d+/s/[A-Za-z0-9_-]{43}/v1", report)
     assert "sk-secret" not in report
+
+
+async def test_health_answers_without_a_key_and_tells_nothing_of_sessions(
+    areal: ArealStandIn, make_proxy: Callable[..., Proxy]
+) -> None:
+    async with make_proxy(upstream=areal.url) as proxy:
+        proxy.sessions.open(labels={"task_id": "secret-task"})
+        with urllib.request.urlopen(proxy.host_base_url + "/_modeltap/health", timeout=5) as reply:
+            health = json.loads(reply.read())
+    assert health == {"status": "ok", "records_written": 0, "record_failures": 0}
