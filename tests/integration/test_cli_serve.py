@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from modeltap.proxy.server import Proxy
@@ -92,6 +93,9 @@ async def test_health_answers_without_a_key_and_tells_nothing_of_sessions(
 ) -> None:
     async with make_proxy(upstream=areal.url) as proxy:
         proxy.sessions.open(labels={"task_id": "secret-task"})
-        with urllib.request.urlopen(proxy.host_base_url + "/_modeltap/health", timeout=5) as reply:
-            health = json.loads(reply.read())
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(proxy.host_base_url + "/_modeltap/health") as reply,
+        ):
+            health = await reply.json()
     assert health == {"status": "ok", "records_written": 0, "record_failures": 0}
