@@ -15,13 +15,13 @@ import pytest
 from areal_server import ArealProxyServer
 from conftest import ENGINE_MAX_TOKENS
 from fake_engine import (
-    ANTHROPIC_BASH_TOOL,
     BASH_TOOL,
     DEFAULT_POLICY_VERSION,
     TOOL_COMMAND,
     TOOL_RESULT_ANSWER,
     fake_logprob,
 )
+from sdk_turns import anthropic_tool_turns
 
 
 def openai_client(server: ArealProxyServer, api_key: str, path: str = "") -> openai.AsyncOpenAI:
@@ -128,20 +128,8 @@ async def test_scripted_tool_turns_export_as_two_trainable_interactions(
 async def test_anthropic_sdk_gets_tool_use_then_the_answer(areal_server: ArealProxyServer) -> None:
     session = await areal_server.open_session("anthropic")
     client = anthropic.AsyncAnthropic(base_url=areal_server.base_url, api_key=session.api_key, max_retries=0)
-    messages: list[dict] = [{"role": "user", "content": "What is six times seven?"}]
 
-    first = await client.messages.create(
-        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
-    )
-    tool_use = next(block for block in first.content if block.type == "tool_use")
-    messages += [
-        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "42"}]},
-    ]
-    async with client.messages.stream(
-        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
-    ) as stream:
-        second = await stream.get_final_message()
+    first, tool_use, second = await anthropic_tool_turns(client, "What is six times seven?")
     exported = await areal_server.close_and_export(session)
 
     assert first.stop_reason == "tool_use"

@@ -21,7 +21,8 @@ import pytest
 from areal.experimental.openai.types import InteractionWithTokenLogpReward
 from areal_server import ArealProxyServer, ArealSession
 from conftest import ENGINE_MAX_TOKENS
-from fake_engine import ANTHROPIC_BASH_TOOL, BASH_TOOL, TOOL_COMMAND, TOOL_RESULT_ANSWER
+from fake_engine import BASH_TOOL, TOOL_COMMAND, TOOL_RESULT_ANSWER
+from sdk_turns import anthropic_tool_turns
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
@@ -40,17 +41,16 @@ class Episode:
     tap: Session
 
 
+def tap_config(areal_server: ArealProxyServer, tmp_path: Path, **settings: Any) -> ProxyConfig:
+    """modeltap on loopback with AReaL's proxy as its upstream, recording into the test's folder."""
+    store = str(tmp_path / "records.db")
+    return ProxyConfig(upstream=areal_server.base_url, host="127.0.0.1", port=0, store=store, **settings)
+
+
 @pytest.fixture
 async def modeltap(areal_server: ArealProxyServer, tmp_path: Path) -> AsyncIterator[Proxy]:
-    """modeltap on loopback with AReaL's proxy as its upstream, path layout found by probing."""
-    config = ProxyConfig(
-        upstream=areal_server.base_url,
-        host="127.0.0.1",
-        port=0,
-        store=str(tmp_path / "records.db"),
-        layout="auto",
-    )
-    async with Proxy(config) as proxy:
+    """modeltap in front of AReaL, path layout found by probing."""
+    async with Proxy(tap_config(areal_server, tmp_path, layout="auto")) as proxy:
         yield proxy
 
 
@@ -135,20 +135,8 @@ async def test_anthropic_sdk_reaches_areal_messages_and_is_recorded(
         client = anthropic.AsyncAnthropic(
             base_url=modeltap.host_base_url, api_key=episode.tap.token, max_retries=0
         )
-    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
 
-    first = await client.messages.create(
-        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
-    )
-    tool_use = next(block for block in first.content if block.type == "tool_use")
-    messages += [
-        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "42"}]},
-    ]
-    async with client.messages.stream(
-        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_BASH_TOOL]
-    ) as stream:
-        second = await stream.get_final_message()
+    _, tool_use, second = await anthropic_tool_turns(client, QUESTION)
     exported, records = await finish_episode(areal_server, modeltap, episode, 1.0)
 
     assert tool_use.input == {"command": TOOL_COMMAND}
@@ -229,11 +217,9 @@ async def budgeted_modeltap(
     areal_server: ArealProxyServer, tmp_path: Path, tokenizer_path: str
 ) -> AsyncIterator[Proxy]:
     """modeltap counting with the served model's tokenizer, its limits set to AReaL's engine_max_tokens."""
-    config = ProxyConfig(
-        upstream=areal_server.base_url,
-        host="127.0.0.1",
-        port=0,
-        store=str(tmp_path / "records.db"),
+    config = tap_config(
+        areal_server,
+        tmp_path,
         layout="areal",
         tokenizer=tokenizer_path,
         context_length=ENGINE_MAX_TOKENS,

@@ -119,6 +119,13 @@ def submit(
     )
 
 
+@pytest.fixture
+def failing_bundle(tmp_path: Path) -> Path:
+    bundle = tmp_path / "failing.toml"
+    bundle.write_text(FAILING_BUNDLE)
+    return bundle
+
+
 def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = EPISODE_TIMEOUT_S) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -142,33 +149,37 @@ def assert_trained_with_reward_one(trajectory: dict[str, Any] | None, store: Pat
     return records
 
 
-def test_agent_workflow_from_its_import_path_trains_reward_one_on_the_last_interaction(
-    rollout_engines: EngineFactory, areal_server: ArealProxyServer, tmp_path: Path
-) -> None:
-    engine = rollout_engines()
-    store = tmp_path / "records.db"
-
+def train_shell_smoke(
+    engine: RemoteSGLangEngine, areal_server: ArealProxyServer, runner: str, host: str, store: Path
+) -> list[dict[str, Any]]:
+    """The example bundle's shell-smoke task, submitted with `runner` sandboxes and modeltap listening on
+    `host`; asserts it trained with reward one (assert_trained_with_reward_one) and returns the records."""
     task = submit(
         engine,
         areal_server,
         EXAMPLE_BUNDLE,
         "shell-smoke",
-        runner="local",
-        proxy={"host": "127.0.0.1", "store": str(store)},
+        runner=runner,
+        proxy={"host": host, "store": str(store)},
     )
+    return assert_trained_with_reward_one(engine.wait_for_task(task, timeout=EPISODE_TIMEOUT_S), store)
 
-    assert_trained_with_reward_one(engine.wait_for_task(task, timeout=EPISODE_TIMEOUT_S), store)
+
+def test_agent_workflow_from_its_import_path_trains_reward_one_on_the_last_interaction(
+    rollout_engines: EngineFactory, areal_server: ArealProxyServer, tmp_path: Path
+) -> None:
+    train_shell_smoke(rollout_engines(), areal_server, "local", "127.0.0.1", tmp_path / "records.db")
 
 
 def test_a_failing_task_raises_so_areal_rejects_the_sample(
-    rollout_engines: EngineFactory, areal_server: ArealProxyServer, tmp_path: Path
+    rollout_engines: EngineFactory, areal_server: ArealProxyServer, failing_bundle: Path
 ) -> None:
-    bundle = tmp_path / "failing.toml"
-    bundle.write_text(FAILING_BUNDLE)
     engine = rollout_engines()
     staleness = engine.workflow_executor.staleness_manager
 
-    submit(engine, areal_server, bundle, "solver-crashes", runner="local", proxy={"host": "127.0.0.1"})
+    submit(
+        engine, areal_server, failing_bundle, "solver-crashes", runner="local", proxy={"host": "127.0.0.1"}
+    )
 
     # A run that raised is counted rejected; a float reward, even 0.0, would have been accepted.
     stats = wait_until(
@@ -178,12 +189,10 @@ def test_a_failing_task_raises_so_areal_rejects_the_sample(
 
 
 def test_a_cancelled_run_leaves_no_sandbox_behind(
-    rollout_engines: EngineFactory, areal_server: ArealProxyServer, tmp_path: Path
+    rollout_engines: EngineFactory, areal_server: ArealProxyServer, failing_bundle: Path
 ) -> None:
-    bundle = tmp_path / "failing.toml"
-    bundle.write_text(FAILING_BUNDLE)
     engine = rollout_engines()
-    submit(engine, areal_server, bundle, "solver-hangs", runner="local", proxy={"host": "127.0.0.1"})
+    submit(engine, areal_server, failing_bundle, "solver-hangs", runner="local", proxy={"host": "127.0.0.1"})
     # LocalSandbox runs in a fresh temporary folder named after the run, which starts with the task id.
     pid_files = lambda: list(Path(tempfile.gettempdir()).glob("modeltap-solver-hangs-*/work/sleeper.pid"))  # noqa: E731
     (pid_file,) = wait_until(pid_files, "the hanging solver has started")
@@ -204,20 +213,10 @@ def test_one_task_in_docker(
         ensure_image(client)
         gateway = bridge_gateway()
         assert gateway is not None, "no docker0 bridge: dockerd is not running (make dockerd)"
-        engine = rollout_engines()
-        store = tmp_path / "records.db"
-
         # Containers reach modeltap through the bridge gateway, so it listens there (and not on 0.0.0.0).
-        task = submit(
-            engine,
-            areal_server,
-            EXAMPLE_BUNDLE,
-            "shell-smoke",
-            runner="docker",
-            proxy={"host": gateway, "store": str(store)},
+        records = train_shell_smoke(
+            rollout_engines(), areal_server, "docker", gateway, tmp_path / "records.db"
         )
-
-        records = assert_trained_with_reward_one(engine.wait_for_task(task, timeout=EPISODE_TIMEOUT_S), store)
         # Only this run's container: the Docker tier's containers carry the same labels.
         run_label = f"{LABEL_RUN}={records[0]['labels']['run']}"
         assert client.containers.list(all=True, filters={"label": run_label}) == []
