@@ -33,6 +33,7 @@ from tests.adapter_harness import arithmetic, loop_lag_probe, run_samples
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
 from tests.standins.script import Conversation, Reply
+from tests.unit.adapter.test_sandbox import alive
 
 AGENT = Path(__file__).with_name("sdk_agent.py")
 WORKFLOW = "modeltap.adapter.AgentWorkflow"
@@ -384,7 +385,7 @@ async def test_cancelling_run_stops_the_agent_and_closes_the_session_before_it_r
     with pytest.raises(asyncio.CancelledError):
         await run
     # At the moment the cancel reached the caller: the agent is gone and the session is closed.
-    assert not _alive(agent_pid)
+    assert not alive(agent_pid)
     assert len(proxy.sessions) == 0
     async with aiohttp.ClientSession() as http:
         url = f"{open_session.host_base_url}/chat/completions"
@@ -400,13 +401,6 @@ def _process_running(marker: str) -> int | None:
         except OSError:
             continue
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_task_rows_list_trainable_tasks_with_their_first_prompt(bundle: Path) -> None:
