@@ -33,7 +33,9 @@ async def test_run_raises_the_work_s_own_exception(bg: BackgroundLoop) -> None:
         await bg.run(fail(), "fail")
 
 
-async def test_a_cancelled_caller_waits_until_the_work_has_unwound(bg: BackgroundLoop) -> None:
+async def running_work(bg: BackgroundLoop) -> tuple[asyncio.Future[None], list[str]]:
+    """Work started on `bg` that runs until cancelled, then takes a while to tear down (removing a
+    container); returns its caller, once the work runs, and the events list it adds "torn down" to."""
     events: list[str] = []
     started = threading.Event()
 
@@ -42,11 +44,16 @@ async def test_a_cancelled_caller_waits_until_the_work_has_unwound(bg: Backgroun
             started.set()
             await asyncio.sleep(60)
         finally:
-            await asyncio.sleep(0.3)  # a teardown that takes a while (removing a container)
+            await asyncio.sleep(0.3)
             events.append("torn down")
 
     caller = asyncio.ensure_future(bg.run(work(), "work"))
     await asyncio.to_thread(started.wait, 5)
+    return caller, events
+
+
+async def test_a_cancelled_caller_waits_until_the_work_has_unwound(bg: BackgroundLoop) -> None:
+    caller, events = await running_work(bg)
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
@@ -55,25 +62,13 @@ async def test_a_cancelled_caller_waits_until_the_work_has_unwound(bg: Backgroun
 
 
 async def test_cancelling_again_during_teardown_still_waits_for_it(bg: BackgroundLoop) -> None:
-    torn_down = threading.Event()
-    started = threading.Event()
-
-    async def work() -> None:
-        try:
-            started.set()
-            await asyncio.sleep(60)
-        finally:
-            await asyncio.sleep(0.3)
-            torn_down.set()
-
-    caller = asyncio.ensure_future(bg.run(work(), "work"))
-    await asyncio.to_thread(started.wait, 5)
+    caller, events = await running_work(bg)
     for _ in range(3):
         caller.cancel()
         await asyncio.sleep(0.05)
     with pytest.raises(asyncio.CancelledError):
         await caller
-    assert torn_down.is_set()
+    assert events == ["torn down"]
 
 
 async def test_run_on_the_background_loop_itself_is_refused(bg: BackgroundLoop) -> None:
