@@ -4,15 +4,16 @@ each reacts to modeltap's 400 as it does to a real context overflow."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from modeltap.proxy.server import Proxy
-from tests.agents import arun_claude, arun_opencode
+from tests.agents import AgentRun, arun_claude, arun_opencode
 from tests.integration.conftest import records
-from tests.standins.areal import ArealStandIn
+from tests.standins.areal import ArealSession, ArealStandIn
 
 pytestmark = pytest.mark.agents
 
@@ -24,17 +25,34 @@ def tool_names(row: dict) -> list[str]:
     return [t.get("function", t).get("name") for t in (row["request"] or {}).get("tools") or []]
 
 
+async def answers_42_through(
+    areal: ArealStandIn,
+    proxy: Proxy,
+    store_path: Path,
+    agent: str,
+    run_agent: Callable[[str], Awaitable[AgentRun]],
+) -> tuple[ArealSession, list[dict[str, Any]]]:
+    """`run_agent(base_url)` in a modeltap session of its own over an AReaL session of its own, to the
+    answer 42; then modeltap stops, flushing its records. Returns the AReaL session and the records."""
+    upstream_session = areal.open_session(agent)
+    session = proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"agent": agent})
+    run = await run_agent(session.host_base_url)
+    assert run.exit_code == 0 and run.final_text == "42", run.describe()
+    await proxy.stop()
+    return upstream_session, records(store_path, session.id)
+
+
 @pytest.mark.parametrize("suffix", ["/v1", ""])
 async def test_opencode_through_modeltap_to_areal(
     areal: ArealStandIn, areal_proxy: Proxy, store_path: Path, tmp_path: Path, suffix: str
 ) -> None:
-    upstream_session = areal.open_session("opencode")
-    session = areal_proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"agent": "opencode"})
-    run = await arun_opencode(session.host_base_url + suffix, "agent-never-sees-the-real-key", tmp_path)
-    assert run.exit_code == 0 and run.final_text == "42", run.describe()
-    await areal_proxy.stop()
-
-    rows = records(store_path, session.id)
+    upstream_session, rows = await answers_42_through(
+        areal,
+        areal_proxy,
+        store_path,
+        "opencode",
+        lambda base_url: arun_opencode(base_url + suffix, "agent-never-sees-the-real-key", tmp_path),
+    )
     assert len(rows) == 3, [r["path"] for r in rows]
     title, first, second = rows
     assert tool_names(title) == [] and title["request"]["messages"][0]["content"].startswith(
@@ -54,13 +72,13 @@ async def test_opencode_through_modeltap_to_areal(
 async def test_claude_code_through_modeltap_to_areal(
     areal: ArealStandIn, areal_proxy: Proxy, store_path: Path, tmp_path: Path, suffix: str
 ) -> None:
-    upstream_session = areal.open_session("claude")
-    session = areal_proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"agent": "claude"})
-    run = await arun_claude(session.host_base_url + suffix, "agent-key", tmp_path)
-    assert run.exit_code == 0 and run.final_text == "42", run.describe()
-    await areal_proxy.stop()
-
-    rows = records(store_path, session.id)
+    _, rows = await answers_42_through(
+        areal,
+        areal_proxy,
+        store_path,
+        "claude",
+        lambda base_url: arun_claude(base_url + suffix, "agent-key", tmp_path),
+    )
     assert [(r["endpoint"], r["status"], r["finish_reason"]) for r in rows] == [
         ("messages", 200, "tool_use"),
         ("messages", 200, "end_turn"),
