@@ -59,8 +59,10 @@ def play(base_url: str, *, ask: dict[str, Any] = ASK) -> list[Any]:
     return [call.function.name, json.loads(call.function.arguments), text]
 
 
-def record_session(threaded_proxy: Callable[..., Any], upstream: OpenAILikeStandIn, **config: Any) -> str:
-    with threaded_proxy(upstream=upstream.url, **config) as proxy:
+@pytest.fixture
+def session_id(threaded_proxy: Callable[..., Any], vllm_standin: OpenAILikeStandIn) -> str:
+    """The id of a session the openai SDK played (`play`) through modeltap to the vLLM stand-in."""
+    with threaded_proxy(upstream=vllm_standin.url) as proxy:
         session = proxy.sessions.open(labels={"agent": "openai-sdk"})
         assert play(session.host_base_url + "/v1") == ["bash", {"command": "echo $((6 * 7))"}, "42"]
     return str(session.id)
@@ -173,12 +175,8 @@ def answers_41(conversation: Conversation) -> Reply:
 
 
 def test_replay_shows_what_another_upstream_answers_differently(
-    vllm_standin: OpenAILikeStandIn,
-    threaded_proxy: Callable[..., Any],
-    store_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    session_id: str, vllm_standin: OpenAILikeStandIn, store_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    session_id = record_session(threaded_proxy, vllm_standin)
     store = str(store_path)
 
     code, out = run_cli(capsys, "replay", session_id, "--upstream", vllm_standin.url, "--store", store)
@@ -204,12 +202,8 @@ def test_replay_shows_what_another_upstream_answers_differently(
 
 
 def test_mock_serves_the_session_to_the_sdk_and_to_replay(
-    vllm_standin: OpenAILikeStandIn,
-    threaded_proxy: Callable[..., Any],
-    store_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    session_id: str, vllm_standin: OpenAILikeStandIn, store_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    session_id = record_session(threaded_proxy, vllm_standin)
     served = vllm_standin.model_requests
     with cli_process("mock", "--session", session_id, "--store", str(store_path), ready="listening on") as (
         _,
