@@ -25,33 +25,35 @@ def tool_names(row: dict) -> list[str]:
     return [t.get("function", t).get("name") for t in (row["request"] or {}).get("tools") or []]
 
 
-async def answers_42_through(
-    areal: ArealStandIn,
-    proxy: Proxy,
-    store_path: Path,
-    agent: str,
-    run_agent: Callable[[str], Awaitable[AgentRun]],
-) -> tuple[ArealSession, list[dict[str, Any]]]:
-    """`run_agent(base_url)` in a modeltap session of its own over an AReaL session of its own, to the
-    answer 42; then modeltap stops, flushing its records. Returns the AReaL session and the records."""
-    upstream_session = areal.open_session(agent)
-    session = proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"agent": agent})
-    run = await run_agent(session.host_base_url)
-    assert run.exit_code == 0 and run.final_text == "42", run.describe()
-    await proxy.stop()
-    return upstream_session, records(store_path, session.id)
+AgentRunner = Callable[[str], Awaitable[AgentRun]]
+Recorded = tuple[ArealSession, list[dict[str, Any]]]
+
+
+@pytest.fixture
+def answers_42_through_modeltap(
+    areal: ArealStandIn, areal_proxy: Proxy, store_path: Path
+) -> Callable[[str, AgentRunner], Awaitable[Recorded]]:
+    """`(agent, run_agent)`: `run_agent(base_url)` in a modeltap session of its own over an AReaL
+    session of its own, to the answer 42; then modeltap stops, flushing its records. Returns the AReaL
+    session and the modeltap session's records."""
+
+    async def run(agent: str, run_agent: AgentRunner) -> Recorded:
+        upstream_session = areal.open_session(agent)
+        session = areal_proxy.sessions.open(upstream_key=upstream_session.api_key, labels={"agent": agent})
+        outcome = await run_agent(session.host_base_url)
+        assert outcome.exit_code == 0 and outcome.final_text == "42", outcome.describe()
+        await areal_proxy.stop()
+        return upstream_session, records(store_path, session.id)
+
+    return run
 
 
 @pytest.mark.parametrize("suffix", ["/v1", ""])
 async def test_opencode_through_modeltap_to_areal(
-    areal: ArealStandIn, areal_proxy: Proxy, store_path: Path, tmp_path: Path, suffix: str
+    areal: ArealStandIn, answers_42_through_modeltap: Callable[..., Any], tmp_path: Path, suffix: str
 ) -> None:
-    upstream_session, rows = await answers_42_through(
-        areal,
-        areal_proxy,
-        store_path,
-        "opencode",
-        lambda base_url: arun_opencode(base_url + suffix, "agent-never-sees-the-real-key", tmp_path),
+    upstream_session, rows = await answers_42_through_modeltap(
+        "opencode", lambda url: arun_opencode(url + suffix, "agent-never-sees-the-real-key", tmp_path)
     )
     assert len(rows) == 3, [r["path"] for r in rows]
     title, first, second = rows
@@ -70,14 +72,10 @@ async def test_opencode_through_modeltap_to_areal(
 
 @pytest.mark.parametrize("suffix", ["", "/v1"])
 async def test_claude_code_through_modeltap_to_areal(
-    areal: ArealStandIn, areal_proxy: Proxy, store_path: Path, tmp_path: Path, suffix: str
+    areal: ArealStandIn, answers_42_through_modeltap: Callable[..., Any], tmp_path: Path, suffix: str
 ) -> None:
-    _, rows = await answers_42_through(
-        areal,
-        areal_proxy,
-        store_path,
-        "claude",
-        lambda base_url: arun_claude(base_url + suffix, "agent-key", tmp_path),
+    _, rows = await answers_42_through_modeltap(
+        "claude", lambda url: arun_claude(url + suffix, "agent-key", tmp_path)
     )
     assert [(r["endpoint"], r["status"], r["finish_reason"]) for r in rows] == [
         ("messages", 200, "tool_use"),
