@@ -27,13 +27,17 @@ def areal() -> Iterator[ArealStandIn]:
         yield upstream
 
 
+def _loopback_config(store_path: Path, overrides: dict[str, Any]) -> ProxyConfig:
+    """A proxy on a free loopback port that records to `store_path`, unless `overrides` says otherwise."""
+    return ProxyConfig(**({"host": "127.0.0.1", "port": 0, "store": str(store_path)} | overrides))
+
+
 @pytest.fixture
 def make_proxy(store_path: Path) -> Callable[..., Any]:
     """`async with make_proxy(upstream=URL, **config) as proxy:` on the test's loop (loopback listener)."""
 
     def make(**overrides: Any) -> Proxy:
-        settings: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "store": str(store_path)} | overrides
-        return Proxy(ProxyConfig(**settings))
+        return Proxy(_loopback_config(store_path, overrides))
 
     return make
 
@@ -74,8 +78,7 @@ def threaded_proxy(store_path: Path) -> Callable[..., Any]:
 
     @contextmanager
     def start(**overrides: Any) -> Iterator[Proxy]:
-        settings: dict[str, Any] = {"host": "127.0.0.1", "port": 0, "store": str(store_path)} | overrides
-        with ThreadedProxy(ProxyConfig(**settings)) as proxy:
+        with ThreadedProxy(_loopback_config(store_path, overrides)) as proxy:
             yield proxy
 
     return start
