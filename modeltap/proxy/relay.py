@@ -154,7 +154,7 @@ async def _exchange(
         return web.json_response(await ctx.budget.count_tokens_body(body))
     payload = ex.request if body is not None else None
     if ctx.budget is not None and endpoint.budgeted and body is not None:
-        decision = await ctx.budget.apply(endpoint, body)
+        decision = await ctx.budget.apply(endpoint, body, len(ex.request))
         ex.budget = decision.as_record()
         if decision.error is not None:
             raise decision.error
@@ -255,8 +255,11 @@ async def _read_body(ctx: ProxyContext, request: web.Request, ex: Exchange) -> d
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body is {request.content_length} bytes; the limit is {limit}")
     try:
-        async with asyncio.timeout(ctx.config.client_timeout_s):
+        if request.content.is_eof():  # the whole body is already buffered: no wait to time
             ex.request = await request.read()
+        else:
+            async with asyncio.timeout(ctx.config.client_timeout_s):
+                ex.request = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"the request body is over the limit of {limit} bytes") from None
     except TimeoutError:

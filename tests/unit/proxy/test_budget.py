@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from modeltap.proxy.budget import Budget, Limits, decide, discover_limits
+from modeltap.proxy.budget import COUNT_INLINE_MAX_BYTES, Budget, Limits, decide, discover_limits
 from modeltap.proxy.errors import BadRequest, anthropic_error_body, openai_error_body
 from modeltap.proxy.routes import Endpoint
 from modeltap.proxy.tokens import TokenCounter
@@ -356,3 +356,19 @@ async def test_discover_limits_against_areal_or_nothing(aiohttp_server: Any) -> 
         for url in (base, closed):
             value, why = await discover_limits(Upstream(url, "auto", session), {"Authorization": "Bearer k"})
             assert value is None and "/v1/models" in why
+
+
+async def test_small_bodies_count_on_the_loop_and_agent_turns_off_it(counter: TokenCounter) -> None:
+    threads: list[int] = []
+
+    class Watched:  # the real counter, noting the thread each count runs on
+        def count(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+            threads.append(threading.get_ident())
+            return counter.count(endpoint, body)
+
+    budget = Budget(Watched(), Limits(C), policy="clamp")  # type: ignore[arg-type]
+    await budget.apply(Endpoint.CHAT, CHAT, size_bytes=COUNT_INLINE_MAX_BYTES)
+    await budget.apply(Endpoint.CHAT, CHAT, size_bytes=COUNT_INLINE_MAX_BYTES + 1)
+    await budget.apply(Endpoint.CHAT, CHAT)  # size unknown: off the loop
+    assert threads[0] == threading.get_ident()
+    assert threading.get_ident() not in threads[1:]
