@@ -187,7 +187,12 @@ class RecordStore:
         self.failures = 0
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._queue_size = queue_size
-        self._slots: asyncio.Semaphore | None = None
+        # Back-pressure without a loop wake-up per record: the loop counts what it queued, the writer
+        # what it finished, and the writer wakes the loop only when a submitter waits for room.
+        self._submitted = 0
+        self._finished = 0
+        self._room: asyncio.Event | None = None
+        self._room_loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._known: OrderedDict[str, None] = OrderedDict()
@@ -219,9 +224,16 @@ class RecordStore:
         if self._closed or self._thread is None:
             raise StoreClosed("the record store is not running")
         loop = asyncio.get_running_loop()
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self._queue_size)
-        await self._slots.acquire()
+        while self._submitted - self._finished >= self._queue_size:
+            if self._room is None:
+                self._room, self._room_loop = asyncio.Event(), loop
+            room = self._room
+            # Look again after publishing the event: the writer counts before it looks for a waiter,
+            # so one of the two sees the other.
+            if self._submitted - self._finished < self._queue_size:
+                break
+            await room.wait()
+        self._submitted += 1
         future = loop.create_future() if wait else None
         self._queue.put((exchange, loop, future))
         if future is not None:
@@ -286,17 +298,18 @@ class RecordStore:
             else:
                 self.failures += 1
                 log.error("record store: failed to write a record to %s", self.path, exc_info=item_error)
-        # One hand-off per loop per batch, not one per record: a burst of thousands of wake-ups fills
-        # asyncio's self-pipe, and a signal's wake-up byte is then dropped (serve missed a SIGTERM so).
-        settled: dict[
-            asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None] | None, Exception | None]]
-        ] = {}
+        self._finished += sum(isinstance(item, Exchange) for item, _, _ in batch)
+        room, self._room = self._room, None
+        if room is not None and self._room_loop is not None:
+            _call_soon(self._room_loop, room.set)
+        # Only `wait`ers are woken, with one hand-off per loop per batch: a burst of thousands of
+        # wake-ups fills asyncio's self-pipe, and a signal's wake-up byte is then dropped.
+        settled: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], Exception | None]]] = {}
         for (_, loop, future), item_error in zip(batch, errors, strict=True):
-            if loop is not None:
+            if loop is not None and future is not None:
                 settled.setdefault(loop, []).append((future, item_error))
         for loop, outcomes in settled.items():
-            if self._slots is not None:
-                _call_soon(loop, functools.partial(_settle, self._slots, outcomes))
+            _call_soon(loop, functools.partial(_settle, outcomes))
 
     def _write_items(self, conn: sqlite3.Connection, items: list[_Item]) -> Exception | None:
         try:
@@ -411,13 +424,10 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) 
         loop.call_soon_threadsafe(callback)
 
 
-def _settle(
-    slots: asyncio.Semaphore, outcomes: list[tuple[asyncio.Future[None] | None, Exception | None]]
-) -> None:
-    """On the submitting loop: free the written records' queue slots and wake their `wait`ers."""
+def _settle(outcomes: list[tuple[asyncio.Future[None], Exception | None]]) -> None:
+    """On the submitting loop: tell each `wait`er whether its record was committed."""
     for future, error in outcomes:
-        slots.release()
-        if future is not None and not future.done():
+        if not future.done():
             if error is None:
                 future.set_result(None)
             else:

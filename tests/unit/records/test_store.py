@@ -6,7 +6,9 @@ import asyncio
 import json
 import random
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,3 +151,27 @@ async def test_a_bad_record_costs_only_itself(tmp_path: Path, caplog: pytest.Log
     assert "failed to write a record" in caplog.text
     with StoreReader(tmp_path / "r.db") as reader:
         assert len(reader.exchanges("p")) == 2
+
+
+async def test_a_full_queue_makes_submit_wait_until_the_writer_frees_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    write_items = RecordStore._write_items
+
+    def held(self: RecordStore, conn: Any, items: Any) -> Any:
+        gate.wait(10)  # the disk is slow: nothing is written until the test opens the gate
+        return write_items(self, conn, items)
+
+    monkeypatch.setattr(RecordStore, "_write_items", held)
+    store = RecordStore(tmp_path / "r.db", queue_size=2)
+    store.start()
+    await store.submit(chat_exchange("bp", 0))
+    await store.submit(chat_exchange("bp", 1))
+    third = asyncio.ensure_future(store.submit(chat_exchange("bp", 2)))
+    await asyncio.sleep(0.2)
+    assert not third.done()  # back-pressure: the loop waits for room, it neither drops nor blocks
+    gate.set()
+    await asyncio.wait_for(third, 5)
+    await store.close()
+    assert store.written == 3
