@@ -19,7 +19,9 @@ taken to need at least one completion token, which makes P <= E - 1 part of the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Mapping
 from typing import Any, TypedDict
@@ -41,6 +43,10 @@ DISCOVERY_TIMEOUT_S = 10.0
 # counts in ~0.2 ms, less than the hand-off to a worker thread and back costs; an agent's real turn
 # (tens of kB, 2 ms and up) goes to a thread. (verifiers hashes small bodies inline the same way.)
 COUNT_INLINE_MAX_BYTES = 2048
+# Counts of bodies seen before, by a digest of their bytes: an SDK retry, and the n samples of a GRPO
+# group that all open with the same prompt (token-budgets.md §5.4, "whole-request memo"). 4096 entries
+# of ~60 bytes each.
+COUNT_MEMO_MAX = 4096
 
 # Where a server states its context length, in the order tried: vLLM and SGLang's model cards
 # (token-budgets.md §1.5, §2.4), then SGLang's server info (`context_length` is null there when it
@@ -225,18 +231,23 @@ class Budget:
         self.limits = limits
         self.policy = policy
         self.min_completion_tokens = min_completion_tokens
+        self._memo: collections.OrderedDict[tuple[str, bytes], int] = collections.OrderedDict()
 
-    async def apply(
-        self, endpoint: Endpoint, body: dict[str, Any], size_bytes: int | None = None
-    ) -> Decision:
+    async def apply(self, endpoint: Endpoint, body: dict[str, Any], raw: bytes | None = None) -> Decision:
         """The decision for one request to a budgeted endpoint (chat, completions, responses,
         messages). A body that cannot be rendered passes uncounted: the upstream will refuse it in
-        its own words, which serves the client better than a guess of ours. `size_bytes`, the body's
-        size as received, lets a small body be counted inline (COUNT_INLINE_MAX_BYTES)."""
+        its own words, which serves the client better than a guess of ours.
+
+        `raw`, the body as received, lets a small body be counted inline (COUNT_INLINE_MAX_BYTES)
+        and a repeated one not be counted again (COUNT_MEMO_MAX)."""
         if not endpoint.budgeted:
             raise ValueError(f"{endpoint.value} requests have no completion budget")
+        key = (endpoint.value, hashlib.blake2b(raw, digest_size=16).digest()) if raw is not None else None
         try:
-            if size_bytes is not None and size_bytes <= COUNT_INLINE_MAX_BYTES:
+            prompt_tokens = self._memo.get(key) if key is not None else None
+            if prompt_tokens is not None and key is not None:
+                self._memo.move_to_end(key)
+            elif raw is not None and len(raw) <= COUNT_INLINE_MAX_BYTES:
                 prompt_tokens = self.counter.count(endpoint, body)
             else:
                 prompt_tokens = await asyncio.to_thread(self.counter.count, endpoint, body)
@@ -247,6 +258,10 @@ class Budget:
             requested = requested if isinstance(requested, int) and not isinstance(requested, bool) else None
             limit = self.limits.max_total_tokens
             return Decision("pass", None, requested, None, field, limit, note=str(exc))
+        if key is not None and key not in self._memo:
+            self._memo[key] = prompt_tokens
+            if len(self._memo) > COUNT_MEMO_MAX:
+                self._memo.popitem(last=False)
         return decide(endpoint, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens)
 
     async def count_tokens_body(self, body: dict[str, Any]) -> dict[str, int]:

@@ -154,7 +154,7 @@ async def _exchange(
         return web.json_response(await ctx.budget.count_tokens_body(body))
     payload = ex.request if body is not None else None
     if ctx.budget is not None and endpoint.budgeted and body is not None:
-        decision = await ctx.budget.apply(endpoint, body, len(ex.request))
+        decision = await ctx.budget.apply(endpoint, body, ex.request)
         ex.budget = decision.as_record()
         if decision.error is not None:
             raise decision.error

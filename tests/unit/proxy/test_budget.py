@@ -3,6 +3,7 @@ client's field, the canonical error bodies, counting off the loop, and limit dis
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from typing import Any
@@ -367,8 +368,28 @@ async def test_small_bodies_count_on_the_loop_and_agent_turns_off_it(counter: To
             return counter.count(endpoint, body)
 
     budget = Budget(Watched(), Limits(C), policy="clamp")  # type: ignore[arg-type]
-    await budget.apply(Endpoint.CHAT, CHAT, size_bytes=COUNT_INLINE_MAX_BYTES)
-    await budget.apply(Endpoint.CHAT, CHAT, size_bytes=COUNT_INLINE_MAX_BYTES + 1)
-    await budget.apply(Endpoint.CHAT, CHAT)  # size unknown: off the loop
+    small = json.dumps(CHAT).encode().ljust(COUNT_INLINE_MAX_BYTES)  # trailing spaces: still the same JSON
+    large = json.dumps(CHAT).encode().ljust(COUNT_INLINE_MAX_BYTES + 1)
+    await budget.apply(Endpoint.CHAT, CHAT, small)
+    await budget.apply(Endpoint.CHAT, CHAT, large)
+    await budget.apply(Endpoint.CHAT, CHAT)  # bytes unknown: off the loop
     assert threads[0] == threading.get_ident()
-    assert threading.get_ident() not in threads[1:]
+    assert len(threads) == 3 and threading.get_ident() not in threads[1:]
+
+
+async def test_repeated_bodies_are_counted_once(counter: TokenCounter) -> None:
+    counts: list[int] = []
+
+    class Counting:  # the real counter, noting each count
+        def count(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+            counts.append(1)
+            return counter.count(endpoint, body)
+
+    budget = Budget(Counting(), Limits(C), policy="clamp")  # type: ignore[arg-type]
+    raw = json.dumps(CHAT).encode()
+    first = await budget.apply(Endpoint.CHAT, CHAT, raw)
+    again = await budget.apply(Endpoint.CHAT, CHAT, raw)  # a retry, or a GRPO group's next sample
+    other = {**CHAT, "messages": [{"role": "user", "content": "hello there"}]}
+    different = await budget.apply(Endpoint.CHAT, other, json.dumps(other).encode())
+    assert len(counts) == 2 and first == again
+    assert different.prompt_tokens != first.prompt_tokens
