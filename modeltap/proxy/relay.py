@@ -67,7 +67,7 @@ _CREDENTIALS = frozenset(("authorization", "x-api-key"))
 UPSTREAM_ACCEPT_ENCODING = "gzip, deflate"
 # Response headers that describe the upstream's encoding or framing, which the relay changes.
 _RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}
-# Non-JSON error pages are kept for the record up to this size.
+# An upstream error message is kept for the record up to this size (AReaL can put a whole prompt in one).
 RESPONSE_TEXT_MAX_CHARS = 16 * 1024
 # Session hints agents already send (peer-proxies.md §6): they group anonymous traffic by agent run.
 _SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
@@ -311,11 +311,7 @@ async def _relay_body(upstream: Upstream, reply: Reply, ex: Exchange) -> web.Res
     """Stage 5, non-streamed: the body as the upstream sent it (decoded), noted for the record."""
     body = reply.body if reply.body is not None else await upstream.read(reply.response)
     ex.first_byte = time.time()
-    parsed = _json_or_none(body)
-    if isinstance(parsed, dict):
-        ex.response = parsed
-    else:
-        ex.response_text = body[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "replace")
+    ex.response_body = body  # parsed for the record by the store's writer, not here
     if reply.response.status >= 400:
         ex.fail(
             classify(reply.response.status, body),
@@ -412,10 +408,3 @@ def _error_response(err: ProxyError, dialect: Dialect, ex: Exchange) -> web.Resp
     body = error_bytes(err, dialect is Dialect.ANTHROPIC)
     ex.response = json.loads(body)
     return web.Response(status=err.status, body=body, content_type="application/json")
-
-
-def _json_or_none(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        return None

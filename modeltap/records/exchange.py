@@ -16,8 +16,9 @@ from typing import Any
 @dataclass(slots=True)
 class Exchange:
     """A finished exchange. `request` is the body as the client sent it; `sent` the body as it went
-    upstream when modeltap changed it (a clamp), else None. `response` is the final body: the upstream
-    JSON, an assembled stream, or modeltap's own error."""
+    upstream when modeltap changed it (a clamp), else None. `response` is the final body when the relay
+    built it (an assembled stream, or modeltap's own error); `response_body` holds the bytes of a
+    non-streamed upstream response, which the store parses for the record, off the event loop."""
 
     method: str
     path: str
@@ -35,7 +36,7 @@ class Exchange:
     request_json: dict[str, Any] | None = None
     sent: dict[str, Any] | None = None
     response: dict[str, Any] | None = None
-    response_text: str | None = None
+    response_body: bytes | None = None
     raw_sse: bytes | None = None
     stream_complete: bool | None = None
     budget: dict[str, Any] | None = None

@@ -52,6 +52,8 @@ BATCH_MAX = 256
 # Hashes of blobs known to be stored, kept in memory so an unchanged message is neither compressed
 # nor re-sent to SQLite on every turn. 64k hashes is ~6 MB.
 KNOWN_BLOBS_MAX = 65536
+# A response that is not a JSON object (an HTML error page, plain text) is kept up to this size.
+RESPONSE_TEXT_MAX_CHARS = 16 * 1024
 # Sessions whose latest message list the writer remembers, to store the next turn as an extension.
 LAST_LISTS_MAX = 4096
 # How long close() waits for the writer to drain before saying so.
@@ -330,7 +332,8 @@ class RecordStore:
 
     def _write_exchange(self, conn: sqlite3.Connection, ex: Exchange) -> None:
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
-        summary = summarize(ex.endpoint or "", request, ex.response)
+        response, response_text = _response(ex)
+        summary = summarize(ex.endpoint or "", request, response)
         budget = ex.budget or {}
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
         if ex.session_id is not None:
@@ -357,7 +360,7 @@ class RecordStore:
                 model,
                 self._pack_request(conn, ex.session_id, request, ex.request),
                 self._pack_request(conn, None, ex.sent, b"") if ex.sent is not None else None,
-                _compress_json(ex.response) if ex.response is not None else _compress_text(ex.response_text),
+                _compress_json(response) if response is not None else _compress_text(response_text),
                 zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
                 summary.finish_reason,
                 summary.prompt_tokens,
@@ -443,6 +446,16 @@ def _write_session(conn: sqlite3.Connection, row: _SessionRow) -> None:
            ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, upstream = excluded.upstream""",
         (row.id, row.created, _dumps(row.labels), row.upstream),
     )
+
+
+def _response(ex: Exchange) -> tuple[dict[str, Any] | None, str | None]:
+    """The response for the record: its JSON object, or else the start of its text."""
+    if ex.response is not None or ex.response_body is None:
+        return ex.response, None
+    parsed = _loads(ex.response_body)
+    if isinstance(parsed, dict):
+        return parsed, None
+    return None, ex.response_body[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "replace")
 
 
 def _dumps(value: Any) -> str:
