@@ -21,20 +21,21 @@ TEST_TIERS :=
 .PHONY: help test test-pytest lint demo
 
 help:
-	@echo "make test    install everything (venv, agent CLIs, dockerd) and run every test tier: $(TEST_TIERS) test-pytest"
-	@echo "make demo    install the venv and run 'modeltap demo'"
+	@echo "make test    install everything (venv, agent CLIs, dockerd, chromium) and run every tier: lint test-pytest $(TEST_TIERS)"
+	@echo "make demo    install the venv and the agent CLIs and run 'modeltap demo'"
 	@echo "make lint    ruff check, ruff format --check, mypy --strict on the package"
-	@echo "make setup   only the set-up (targets: venv, agents, dockerd)"
+	@echo "make bench   modeltap side by side with its peers (benchmarks/README.md)"
+	@echo "make setup   only the set-up (targets: venv, agents, dockerd, chromium)"
 
 # Every tier runs even when an earlier one fails, so one failure does not hide the others; the exit
 # status is still non-zero if any tier failed.
 test: setup
 	@failed=""; \
-	for tier in test-pytest $(TEST_TIERS); do \
+	for tier in lint test-pytest $(TEST_TIERS); do \
 	    $(MAKE) --no-print-directory "$$tier" || failed="$$failed $$tier"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "make test: FAILED tiers:$$failed" >&2; exit 1; fi; \
-	echo "make test: all tiers passed (test-pytest $(TEST_TIERS))"
+	echo "make test: all tiers passed (lint test-pytest $(TEST_TIERS))"
 
 # pytest exits 5 when it collects nothing, which fails this target like any other non-zero status.
 test-pytest: setup
