@@ -161,8 +161,8 @@ async def _exchange(
         if decision.body is not None:
             ex.sent = decision.body
             payload = json.dumps(decision.body).encode()
-    if endpoint is Endpoint.MESSAGES and target.upstream.areal_like:
-        fixed = messages_body_for_areal(ex.sent or body)  # type: ignore[arg-type]
+    if endpoint is Endpoint.MESSAGES and target.upstream.areal_like and body is not None:
+        fixed = messages_body_for_areal(ex.sent if ex.sent is not None else body)
         if fixed is not None:
             ex.sent = fixed
             payload = json.dumps(fixed).encode()
