@@ -22,7 +22,9 @@ fi
 
 # A daemon that is up but not answering yet (still starting) is waited for, not started twice. The pid
 # file is dockerd's own; it is read instead of `pgrep`, which slim Debian images lack.
-if ! { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }; then
+# A zombie (killed, not yet reaped) still answers `kill -0`: only a live, non-zombie process counts.
+alive() { [ -r "/proc/$1/stat" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat")" != Z ]; }
+if ! { [ -f "$pidfile" ] && alive "$(cat "$pidfile")"; }; then
     [ "$(id -u)" = 0 ] || { echo "ensure-dockerd: dockerd is not running and starting it needs root" >&2; exit 1; }
     mkdir -p "$(dirname "$log")"
     echo "ensure-dockerd: starting dockerd (log: $log)"
