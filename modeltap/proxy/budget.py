@@ -39,10 +39,6 @@ POLICIES = ("clamp", "reject", "off")
 # knowing its context length, and the operator is told to pass --context-length.
 DISCOVERY_TIMEOUT_S = 10.0
 
-# Bodies up to this size are counted on the event loop: measured here, a 1.5 kB chat body renders and
-# counts in ~0.2 ms, less than the hand-off to a worker thread and back costs; an agent's real turn
-# (tens of kB, 2 ms and up) goes to a thread. (verifiers hashes small bodies inline the same way.)
-COUNT_INLINE_MAX_BYTES = 2048
 # Counts of bodies seen before, by a digest of their bytes: an SDK retry, and the n samples of a GRPO
 # group that all open with the same prompt (token-budgets.md §5.4, "whole-request memo"). 4096 entries
 # of ~60 bytes each.
@@ -238,8 +234,8 @@ class Budget:
         messages). A body that cannot be rendered passes uncounted: the upstream will refuse it in
         its own words, which serves the client better than a guess of ours.
 
-        `raw`, the body as received, lets a small body be counted inline (COUNT_INLINE_MAX_BYTES)
-        and a repeated one not be counted again (COUNT_MEMO_MAX)."""
+        Counting always runs off the event loop (issue 3: even a small body's render costs ~0.1 ms).
+        `raw`, the body as received, lets a repeated body be answered from a memo (COUNT_MEMO_MAX)."""
         if not endpoint.budgeted:
             raise ValueError(f"{endpoint.value} requests have no completion budget")
         key = (endpoint.value, hashlib.blake2b(raw, digest_size=16).digest()) if raw is not None else None
@@ -247,8 +243,6 @@ class Budget:
             prompt_tokens = self._memo.get(key) if key is not None else None
             if prompt_tokens is not None and key is not None:
                 self._memo.move_to_end(key)
-            elif raw is not None and len(raw) <= COUNT_INLINE_MAX_BYTES:
-                prompt_tokens = self.counter.count(endpoint, body)
             else:
                 prompt_tokens = await asyncio.to_thread(self.counter.count, endpoint, body)
         except CountError as exc:
