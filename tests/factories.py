@@ -259,3 +259,19 @@ async def recorded(path: Path, *exchanges: Exchange, keep_raw_sse: bool = False)
         await store.submit(ex)
     await store.close()
     return path
+
+
+# AReaL's control routes (areal-proxy-protocol.md §1.1), each a way to set a reward or steer the trainer.
+CONTROL_PATHS = [
+    "/rl/start_session",
+    "/rl/end_session",
+    "/rl/set_reward",
+    "/export_trajectories",
+    "/grant_capacity",
+    "/call",
+    "/configure",
+    "/create_engine",
+    "/set_env",
+    "/alloc_ports",
+    "/internal/wait_for_session",
+]

@@ -408,7 +408,7 @@ class RecordStore:
         return node
 
     def _blob(self, conn: sqlite3.Connection, value: Any) -> str:
-        data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        data = _dumps(value).encode()
         # 128 bits: collisions are out of reach (2^64 blobs), and every reference costs half a SHA-256's.
         digest = hashlib.blake2b(data, digest_size=16).hexdigest()
         if digest in self._known:

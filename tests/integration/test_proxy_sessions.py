@@ -29,8 +29,9 @@ from modeltap.proxy.config import DEFAULT_SESSION_TTL_S
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.proxy.sessions import Session
 from modeltap.records.store import StoreReader
+from tests.factories import ASK, CONTROL_PATHS
 from tests.integration.conftest import records
-from tests.integration.test_proxy_sdks import ASK, anthropic_client, openai_client
+from tests.integration.test_proxy_sdks import anthropic_client, openai_client
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
 
@@ -38,20 +39,6 @@ ADMIN_KEY = "admin-key-for-tests"
 CHAT: dict[str, Any] = {"model": "policy", "messages": ASK}
 MESSAGES: dict[str, Any] = {"model": "claude-x", "max_tokens": 64, "messages": ASK}
 SESSIONS_PATH = "/_modeltap/sessions"
-# AReaL's control routes (areal-proxy-protocol.md §1.1), each a way to set a reward or steer the trainer.
-CONTROL_PATHS = [
-    "/rl/start_session",
-    "/rl/end_session",
-    "/rl/set_reward",
-    "/export_trajectories",
-    "/grant_capacity",
-    "/call",
-    "/configure",
-    "/create_engine",
-    "/set_env",
-    "/alloc_ports",
-    "/internal/wait_for_session",
-]
 # Long enough that a request right after opening is never late on a loaded machine.
 TTL_S = 1.0
 # How our own 401 for a closed or expired token ends; AReaL's own 401 says "expired" too.

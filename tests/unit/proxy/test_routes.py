@@ -4,6 +4,7 @@ import pytest
 
 from modeltap.proxy.errors import Forbidden, NotFound
 from modeltap.proxy.routes import Dialect, Endpoint, resolve
+from tests.factories import CONTROL_PATHS
 
 TOKEN = "A" * 43
 
@@ -35,21 +36,7 @@ def test_trailing_slash_and_model_id() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [
-        "/rl/set_reward",
-        "/v1/rl/set_reward",
-        f"/s/{TOKEN}/rl/set_reward",
-        f"/s/{TOKEN}/v1/rl/end_session",
-        "/export_trajectories",
-        "/grant_capacity",
-        "/call",
-        "/configure",
-        "/create_engine",
-        "/set_env",
-        "/alloc_ports",
-        "/internal/wait_for_session",
-        "/rl/start_session",
-    ],
+    [*CONTROL_PATHS, "/v1/rl/set_reward", f"/s/{TOKEN}/rl/set_reward", f"/s/{TOKEN}/v1/rl/end_session"],
 )
 def test_control_routes_are_forbidden(path: str) -> None:
     with pytest.raises(Forbidden, match="never forwards"):
