@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import signal
 import sys
+import types
+import typing
 from collections.abc import Callable, Sequence
+from types import NoneType
 from typing import Any
 
 from aiohttp import web
@@ -85,65 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = _command(
         commands, "serve", _serve, "run the recording proxy in front of an upstream", EPILOG_SERVE
     )
-    serve.add_argument(
-        "--upstream", help="base URL of the OpenAI/Anthropic-compatible server (AReaL, vLLM, …)"
-    )
-    serve.add_argument(
-        "--host", help="address to listen on (default 0.0.0.0: all interfaces, so containers reach it)"
-    )
-    serve.add_argument("--port", type=int, help="port to listen on (default 0: pick a free one)")
-    serve.add_argument(
-        "--layout", choices=("areal", "openai", "auto"), help="the upstream's path layout (default auto)"
-    )
-    serve.add_argument("--upstream-key", help="API key to send upstream instead of the client's")
-    serve.add_argument("--model", help="model name that GET /v1/models lists when the upstream has none")
-    serve.add_argument(
-        "--admin-key", help="key for the admin API /_modeltap/sessions (default: random, printed)"
-    )
-    serve.add_argument(
-        "--admin-remote", action="store_true", default=None, help="serve the admin API beyond loopback too"
-    )
-    serve.add_argument(
-        "--lend-key-to-anonymous",
-        action="store_true",
-        default=None,
-        help="on a non-loopback listener, send --upstream-key for requests without a session token too",
-    )
-    serve.add_argument("--tokenizer", help="local HF tokenizer folder (or cached name) of the served model")
-    serve.add_argument(
-        "--context-length", type=int, help="the model's context length (default: ask the upstream)"
-    )
-    serve.add_argument(
-        "--engine-max-tokens", type=int, help="AReaL's rollout.agent.engine_max_tokens, if set"
-    )
-    serve.add_argument("--reserve", type=int, help="tokens to keep free below the context length (default 0)")
-    serve.add_argument(
-        "--budget", choices=("clamp", "reject", "off"), help="over-budget policy (default clamp)"
-    )
-    serve.add_argument("--min-completion-tokens", type=int, help="reject when fewer would remain (default 1)")
-    serve.add_argument(
-        "--chat-template-kwargs",
-        type=json.loads,
-        help="""the server's chat template kwargs as JSON, e.g. '{"enable_thinking": false}'""",
-    )
-    serve.add_argument(
-        "--session-ttl", dest="session_ttl_s", type=float, help="idle seconds before a session closes"
-    )
-    serve.add_argument(
-        "--sync", action="store_true", default=None, help="commit each record before its response ends"
-    )
-    serve.add_argument(
-        "--keep-raw-sse", action="store_true", default=None, help="also store streams' raw bytes"
-    )
-    serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (default 64 MiB)")
-    serve.add_argument("--connect-timeout", dest="connect_timeout_s", type=float, help="seconds (default 10)")
-    serve.add_argument(
-        "--read-timeout",
-        dest="read_timeout_s",
-        type=float,
-        help="longest upstream silence, seconds (default 3600)",
-    )
-    _store_option(serve)
+    _config_flags(serve)
 
     sessions = _command(
         commands, "sessions", _sessions, "list recorded sessions", "example:\n  modeltap sessions --json"
@@ -178,12 +124,8 @@ def _parser() -> argparse.ArgumentParser:
         commands, "replay", _replay, "re-send a session to another upstream and compare", EPILOG_REPLAY
     )
     replay_.add_argument("session", help="session id, or its first characters")
-    replay_.add_argument("--upstream", help="base URL to re-send to (default $MODELTAP_UPSTREAM)")
+    _config_flags(replay_, ("upstream", "layout", "upstream_key"))
     replay_.add_argument("--turn", type=int, help="only this turn (from 1)")
-    replay_.add_argument(
-        "--layout", choices=("areal", "openai", "auto"), help="the upstream's path layout (default auto)"
-    )
-    replay_.add_argument("--upstream-key", help="API key to send upstream")
     _store_option(replay_)
     _json_option(replay_)
 
@@ -196,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     mock.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     mock.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
     mock.add_argument("--realtime", action="store_true", help="answer at the recorded pace")
+    _config_flags(mock, ("max_body_bytes",))
     _store_option(mock)
 
     ui = _command(commands, "ui", _ui, "browse recorded sessions in a local web viewer", EPILOG_UI)
@@ -234,6 +177,36 @@ def _command(
     )
     sub.set_defaults(run=run)
     return sub
+
+
+def _config_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
+    """ProxyConfig's fields as flags (`names` only, else all): one spelling and help for each, in
+    every command that takes it. A flag left out is None, so the environment or the default fills it."""
+    hints = typing.get_type_hints(ProxyConfig)
+    for field in dataclasses.fields(ProxyConfig):
+        if names is not None and field.name not in names:
+            continue
+        flag = field.metadata["flag"] or "--" + field.name.replace("_", "-")
+        options: dict[str, Any] = {"dest": field.name, "help": field.metadata["help"], "default": None}
+        kind = _without_none(hints[field.name])
+        if kind is bool:
+            options["action"] = "store_true"
+        elif typing.get_origin(kind) is list:
+            options |= {"action": "append", "metavar": flag[2:].upper().replace("-", "_")}
+        elif typing.get_origin(kind) is typing.Literal:
+            options["choices"] = typing.get_args(kind)
+        elif typing.get_origin(kind) is dict:
+            options |= {"type": json.loads, "metavar": "JSON"}
+        else:
+            options |= {"type": kind, "metavar": flag[2:].upper().replace("-", "_")}
+        parser.add_argument(flag, **options)
+
+
+def _without_none(hint: Any) -> Any:
+    """`X` of `X | None`, else the hint itself."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(arg for arg in typing.get_args(hint) if arg is not NoneType)
+    return hint
 
 
 def _store_option(parser: argparse.ArgumentParser) -> None:
@@ -357,7 +330,8 @@ def _mock(args: argparse.Namespace) -> int:
     mock = load_mock(store, session=session_id, realtime=args.realtime)
     what = f"session {session_id} in turn order" if session_id else "every session, matched by request body"
     banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}"
-    asyncio.run(_serve_app_until_signalled(mock_app(mock), args.host, args.port, banner))
+    max_body_bytes = ProxyConfig.from_sources({"max_body_bytes": args.max_body_bytes}).max_body_bytes
+    asyncio.run(_serve_app_until_signalled(mock_app(mock, max_body_bytes), args.host, args.port, banner))
     return 0
 
 

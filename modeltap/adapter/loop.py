@@ -5,7 +5,7 @@ once per key, closed in reverse order at shutdown or interpreter exit), and the 
 coroutine on another loop (AReaL's) await work here. Does not own: what the work is (workflow.py).
 
 Why a loop of our own: AReaL awaits `run()` on its rollout loop and rebuilds the workflow object on
-every submit (shared/reference/areal-proxy-protocol.md §3.3), so nothing that must live across runs
+every submit (docs/areal.md §3.3), so nothing that must live across runs
 (the proxy, the docker connection, prepared bundles) can belong to the workflow object or to AReaL's
 loop; and docker, SQLite and scoring must never block AReaL's loop.
 
@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, TypeVar, cast
 
-from modeltap.proxy.tasks import Tasks
+from modeltap.proxy.tasks import Tasks, finish
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +100,11 @@ class BackgroundLoop:
                 raise  # the work had finished: nothing left to unwind
         # call_soon_threadsafe runs callbacks in order, so the task exists when this one runs.
         loop.call_soon_threadsafe(lambda: spawned[0].cancel())
-        while not done.done():
-            try:
-                await asyncio.shield(waiter)
-            except (asyncio.CancelledError, Exception):  # the caller asked to cancel: it gets a cancel
-                continue
+        with contextlib.suppress(
+            asyncio.CancelledError, Exception
+        ):  # the caller asked to cancel: it gets one
+            await finish(waiter)
         raise asyncio.CancelledError
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run `coro` on the background loop and wait for it, from a thread with no running loop."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     async def shared(
         self,

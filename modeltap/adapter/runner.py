@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from modeltap import dialects
 from modeltap.adapter.bundle import Agent, Check, Helper, Judge, Mount, Task, Template
 from modeltap.adapter.sandbox import ExecResult, Sandbox, SandboxError, SandboxProvider, SandboxSpec
 
@@ -37,7 +38,6 @@ JUDGE_PROMPT = string.Template(
     "Rubric:\n${rubric}\n\nEnd your reply with one line `SCORE: x`, where x is a number from 0 to 1."
 )
 JUDGE_MAX_TOKENS = 1024
-ANTHROPIC_VERSION = "2023-06-01"
 # The environment variable a command check reads the solver's answer from.
 ANSWER_VARIABLE = "MODELTAP_ANSWER"
 
@@ -91,6 +91,9 @@ class RunPlan:
     judges: Mapping[str, Judge]
     endpoint: SolverEndpoint
     timeout_s: float
+    judge_http: aiohttp.ClientSession | None = None
+    """The process's one client for judge calls (a pool shared by every run), needed when a check asks
+    a judge."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +266,12 @@ async def _score(sandbox: Sandbox, plan: RunPlan, check: Check, answer: str | No
     if check.kind == "regex":
         return 1.0 if re.search(expected, answer, re.MULTILINE) else 0.0
     judge = plan.judges[str(check.judge)]
-    reply = await _ask_judge(
-        judge, JUDGE_PROMPT.substitute(prompt=plan.task.prompt, answer=answer, rubric=expected)
-    )
+    if plan.judge_http is None:
+        raise RuntimeError(
+            f"task {plan.task.id!r} asks judge {judge.name!r}, but the run has no judge client"
+        )
+    prompt = JUDGE_PROMPT.substitute(prompt=plan.task.prompt, answer=answer, rubric=expected)
+    reply = await _ask_judge(plan.judge_http, judge, prompt)
     sandbox.logs.append(f"judge {judge.name}: {reply[-2000:]}")
     scores = JUDGE_SCORE.findall(reply)
     if not scores:
@@ -273,41 +279,31 @@ async def _score(sandbox: Sandbox, plan: RunPlan, check: Check, answer: str | No
     return min(float(scores[-1]), 1.0)
 
 
-async def _ask_judge(judge: Judge, prompt: str) -> str:
+# A judge's `api` -> (the format it speaks, what its base URL is joined with: OpenAI-style base URLs
+# end in /v1 already, Anthropic-style ones do not).
+_JUDGE_APIS = {"openai": ("chat", "/"), "anthropic": ("messages", "/v1/")}
+
+
+async def _ask_judge(client: aiohttp.ClientSession, judge: Judge, prompt: str) -> str:
     """One judge call, straight to the judge's own endpoint (never through the proxy)."""
+    name, join = _JUDGE_APIS[judge.api]
+    dialect = dialects.named(name)
+    url = judge.base_url.rstrip("/") + join + dialect.route
     messages = [{"role": "user", "content": prompt}]
     body: dict[str, object] = {"model": judge.model, "messages": messages, "max_tokens": JUDGE_MAX_TOKENS}
-    headers = {"content-type": "application/json"}
-    if judge.api == "anthropic":
-        url = judge.base_url.rstrip("/") + "/v1/messages"
-        headers["anthropic-version"] = ANTHROPIC_VERSION
-        if judge.api_key:
-            headers["x-api-key"] = judge.api_key
-    else:
-        url = judge.base_url.rstrip("/") + "/chat/completions"
-        if judge.api_key:
-            headers["authorization"] = f"Bearer {judge.api_key}"
+    headers = {"content-type": "application/json", **dialect.request_headers}
+    if judge.api_key:
+        headers.update(dialect.credential_headers(judge.api_key))
     timeout = aiohttp.ClientTimeout(total=JUDGE_TIMEOUT_S)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as client,
-            client.post(url, json=body, headers=headers) as r,
-        ):
+        async with client.post(url, json=body, headers=headers, timeout=timeout) as r:
             text = await r.text()
             if r.status != 200:
                 raise RunFailed(f"judge {judge.name!r} answered {r.status}: {text[:500]}")
             doc = json.loads(text)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise RunFailed(f"judge {judge.name!r} at {url} failed: {exc!r}") from exc
-    return _judge_text(judge, doc)
-
-
-def _judge_text(judge: Judge, doc: object) -> str:
-    try:
-        if judge.api == "anthropic":
-            return "".join(block.get("text", "") for block in doc["content"])  # type: ignore[index]
-        return doc["choices"][0]["message"]["content"] or ""  # type: ignore[index]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise RunFailed(
-            f"judge {judge.name!r} sent a reply of an unexpected shape: {str(doc)[:500]}"
-        ) from exc
+    reply = dialect.read(doc)[1] if isinstance(doc, dict) else None
+    if reply is None:
+        raise RunFailed(f"judge {judge.name!r} sent a reply of an unexpected shape: {str(doc)[:500]}")
+    return reply

@@ -39,6 +39,7 @@ import docker.types
 import requests.exceptions
 
 from modeltap.adapter.bundle import Mount
+from modeltap.proxy.tasks import finish
 
 T = TypeVar("T")
 
@@ -177,26 +178,6 @@ def _in_thread(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> as
     return future
 
 
-async def _finish(future: asyncio.Future[T]) -> T:
-    """Await `future` to the end even if the caller is cancelled meanwhile, then re-raise the cancel.
-
-    Teardown calls use it: a removal that is abandoned half way leaves exactly the stray container
-    that cancellation must not leave.
-    """
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(future)
-            break
-        except asyncio.CancelledError:
-            if future.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
-
-
 def _owner_id() -> str:
     """This process, as a label value: host, pid and the pid's start time (pids get reused)."""
     return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid())}"
@@ -261,7 +242,7 @@ class DockerProvider(_Closing):
         client, streams = await self._clients()
         labels = {LABEL_RUN: spec.run_id, LABEL_OWNER: self.owner}
         try:
-            container = await _finish(_in_thread("docker-create", _create, client, spec, labels))
+            container = await finish(_in_thread("docker-create", _create, client, spec, labels))
         except asyncio.CancelledError:
             await self.remove_run(spec.run_id)  # cancelled while creating: the new container is a stray
             raise
@@ -270,9 +251,9 @@ class DockerProvider(_Closing):
     async def remove_run(self, run_id: str) -> None:
         """Remove every container of one run, whatever state it is in."""
         client, _ = await self._clients()
-        found = await _finish(_in_thread("docker-list", _list, client, {"label": f"{LABEL_RUN}={run_id}"}))
+        found = await finish(_in_thread("docker-list", _list, client, {"label": f"{LABEL_RUN}={run_id}"}))
         for container in found:
-            await _finish(_in_thread("docker-remove", _remove, container))
+            await finish(_in_thread("docker-remove", _remove, container))
 
     async def containers(self, run_id: str | None = None) -> list[str]:
         """Ids of the containers labelled by modeltap (of one run, if given), running or not."""
@@ -287,7 +268,7 @@ class DockerProvider(_Closing):
         found = await _in_thread("docker-list", _list, client, {"label": LABEL_OWNER})
         strays = [c for c in found if not _owner_alive(c.labels.get(LABEL_OWNER, ""))]
         for container in strays:
-            await _finish(_in_thread("docker-remove", _remove, container))
+            await finish(_in_thread("docker-remove", _remove, container))
         return len(strays)
 
     async def close(self) -> None:
@@ -296,7 +277,7 @@ class DockerProvider(_Closing):
             return
         found = await _in_thread("docker-list", _list, self._client, {"label": f"{LABEL_OWNER}={self.owner}"})
         for container in found:
-            await _finish(_in_thread("docker-remove", _remove, container))
+            await finish(_in_thread("docker-remove", _remove, container))
         self._client.close()
         self._streams.close()
         self._client = self._streams = None
@@ -341,10 +322,10 @@ class DockerSandbox(_Closing):
         if self._closed:
             return
         self._closed = True
-        container_logs = await _finish(_in_thread("docker-logs", _container_logs, self._container))
+        container_logs = await finish(_in_thread("docker-logs", _container_logs, self._container))
         if container_logs:
             self.logs.append(f"--- container output ---\n{container_logs}")
-        await _finish(_in_thread("docker-remove", _remove, self._container))
+        await finish(_in_thread("docker-remove", _remove, self._container))
 
 
 # The blocking halves of the calls above. Each runs in its own thread; docker SDK errors stop here.
@@ -551,7 +532,7 @@ class LocalSandbox(_Closing):
         for group in self._groups:
             _kill_group(group)
         self._groups.clear()
-        await _finish(_in_thread("local-rmtree", shutil.rmtree, self._root, True))
+        await finish(_in_thread("local-rmtree", shutil.rmtree, self._root, True))
 
 
 def _make_root(run_id: str) -> Path:

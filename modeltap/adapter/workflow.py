@@ -3,8 +3,9 @@ dataset it plays; should_reject_failed_sample, which failures leave a sample out
 
 Owns: turning one AReaL call (`data`, `base_url`, `api_key`) into one run: the per-process prepared
 bundle, the proxy session whose upstream is AReaL, the reward as a float, and the failure policy
-(including telling a model fault from a broken run by the session's records). Does not own: playing
-the task (runner.py), sandboxes (sandbox.py) or the background loop (loop.py). Imports no AReaL.
+(telling a model fault from a broken run by what the proxy's fault watch saw, faults.py). Does not
+own: playing the task (runner.py), sandboxes (sandbox.py) or the background loop (loop.py). Imports
+no AReaL.
 
 In an AReaL experiment config (examples/areal.yaml):
 
@@ -22,10 +23,12 @@ import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
+
 from modeltap.adapter.bundle import Bundle, BundleError, Task, load_bundle
+from modeltap.adapter.faults import FaultWatch
 from modeltap.adapter.loop import background
 from modeltap.adapter.runner import (
     AdapterError,
@@ -40,7 +43,6 @@ from modeltap.adapter.sandbox import SandboxProvider, provider_for
 from modeltap.compat.areal import ArealCapabilities, installed_capabilities
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
-from modeltap.records.store import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +50,10 @@ FailurePolicy = Literal["auto", "raise", "zero-model-faults", "zero"]
 FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("auto", "raise", "zero-model-faults", "zero")
 # The adapter's proxy, unless proxy={...} says otherwise:
 # - every interface, so containers reach it through the bridge gateway (DESIGN §6);
-# - AReaL's path layout, which every AReaL version serves (areal-proxy-protocol.md §2);
-# - sync: each exchange is committed before its response ends, so a failed run's records are complete
-#   when the run ends and a model fault in them is never missed.
+# - AReaL's path layout, which every AReaL version serves (docs/areal.md §2);
+# - sync: each exchange is committed before its response ends, so a run's records are all in the
+#   store when its reward is returned.
 PROXY_DEFAULTS: Mapping[str, Any] = {"host": "0.0.0.0", "port": 0, "layout": "areal", "sync": True}
-# Finish reasons that promise tool calls; with none parsed, the model's tool-call output was invalid
-# (AReaL answers `finish_reason: tool_calls` with `tool_calls: null`: areal-proxy-protocol.md §4.2).
-TOOL_FINISH_REASONS = frozenset({"tool_calls", "tool_use"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +82,8 @@ class AgentWorkflow:
         should_reject_failed_sample, which leaves a broken sample out alone and trains a model fault
         as reward 0.
       - "zero-model-faults": return 0.0 for a ModelFault and raise the rest. For AReaL 2.1.0 and
-        earlier, where any exception rejects the sample's whole group (areal-proxy-protocol.md
-        §3.4): model faults then train as 0 as the hook would have them, and only a broken run
-        costs its group.
+        earlier, where any exception rejects the sample's whole group (docs/areal.md §3.4): model
+        faults then train as 0 as the hook would have them, and only a broken run costs its group.
       - "zero": return 0.0 for every failure. No group is ever lost, but a run broken by the
         sandbox or a judge then teaches the policy that its answer was wrong, which biases
         training wherever such failures are common.
@@ -190,7 +188,7 @@ class AgentWorkflow:
                 f"{sorted(prepared.task_ids)}; add it to workflow_kwargs.tasks or drop it from the dataset"
             )
         solver = prepared.bundle.solver_for(task, self.agent)
-        proxy = await _proxy(self.proxy_config)
+        tap = await _tap(self.proxy_config)
         provider = await _provider(self.runner)
         run_id = f"{_label_safe(task.id)}-{secrets.token_hex(6)}"
         labels = {
@@ -199,7 +197,8 @@ class AgentWorkflow:
             "run": run_id,
             "areal_session": _fingerprint(api_key),
         }
-        session = proxy.sessions.open(upstream=base_url, upstream_key=api_key, labels=labels)
+        session = tap.proxy.sessions.open(upstream=base_url, upstream_key=api_key, labels=labels)
+        tap.faults.watch(session.id)
         try:
             plan = RunPlan(
                 run_id=run_id,
@@ -209,17 +208,19 @@ class AgentWorkflow:
                 judges=prepared.bundle.judges,
                 endpoint=SolverEndpoint(session.host_base_url, session.container_base_url, session.token),
                 timeout_s=self.timeout_s or task.timeout_s,
+                judge_http=await _judge_http(),
             )
             try:
                 result = await play(plan, provider)
             except (RunFailed, Unscored) as exc:
-                fault = await asyncio.to_thread(_model_fault, self.proxy_config.store_path, session.id)
+                fault = tap.faults.release(session.id)
                 if fault is not None:
                     raise ModelFault(f"task {task.id!r}: {fault} ({exc.reason})", exc.logs) from exc
                 raise
             return float(result.reward)
         finally:
-            proxy.sessions.close(session.id)
+            tap.faults.release(session.id)
+            tap.proxy.sessions.close(session.id)
 
 
 def should_reject_failed_sample(exc: BaseException) -> bool:
@@ -283,17 +284,38 @@ async def _installed_areal() -> ArealCapabilities:
     return await asyncio.to_thread(installed_capabilities)
 
 
-async def _proxy(config: ProxyConfig) -> Proxy:
+@dataclass(frozen=True, slots=True)
+class _Tap:
+    """The process's proxy for one configuration, and the fault watch among its observers."""
+
+    proxy: Proxy
+    faults: FaultWatch
+
+
+async def _tap(config: ProxyConfig) -> _Tap:
     """The process's proxy for `config`, started on first use (AReaL's runs all share one)."""
     key = ("proxy", json.dumps(_public_fields(config), sort_keys=True, default=str))
 
-    async def start() -> Proxy:
-        return await Proxy(config).start()
+    async def start() -> _Tap:
+        faults = FaultWatch()
+        return _Tap(await Proxy(config, observers=[faults]).start(), faults)
 
-    async def stop(proxy: Proxy) -> None:
-        await proxy.stop()
+    async def stop(tap: _Tap) -> None:
+        await tap.proxy.stop()
 
     return await background().shared(key, start, stop)
+
+
+async def _judge_http() -> aiohttp.ClientSession:
+    """The process's one pool of connections for judge calls, shared by every run."""
+
+    async def make() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession()
+
+    async def close(client: aiohttp.ClientSession) -> None:
+        await client.close()
+
+    return await background().shared(("judge-http",), make, close)
 
 
 async def _provider(runner: str) -> SandboxProvider:
@@ -308,19 +330,6 @@ async def _provider(runner: str) -> SandboxProvider:
 
 def _public_fields(config: ProxyConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in config.__dataclass_fields__}
-
-
-def _model_fault(store_path: Path, session_id: str) -> str | None:
-    """What the model did wrong in the session, from its records; None if nothing."""
-    with StoreReader(store_path) as reader:
-        rows = reader.exchanges(session_id=session_id, bodies=False)
-    for row in rows:
-        if row["error_class"] == "model_fault":
-            return f"the model's context overflowed ({row['error_message']})"
-        if row["finish_reason"] in TOOL_FINISH_REASONS and not row["tool_calls"]:
-            reason = row["finish_reason"]
-            return f"the model's tool call did not parse (finish_reason {reason!r} with no tool calls)"
-    return None
 
 
 def _fingerprint(api_key: str) -> str:

@@ -6,7 +6,7 @@ and classify it for the record. Does not own: sending requests (proxy/upstream.p
 to fall back (also upstream.py, which asks `is_route_level_404` here).
 
 AReaL <= 2.1.0 serves chat and responses at the bare path and Anthropic messages at `/v1/messages`
-(shared/reference/areal-proxy-protocol.md §1.1, §2); vLLM, SGLang and OpenAI serve everything under
+(docs/areal.md §1.1, §2); vLLM, SGLang and OpenAI serve everything under
 `/v1`.
 """
 
@@ -21,43 +21,35 @@ from typing import Any, Literal
 Layout = Literal["areal", "openai", "auto"]
 LAYOUTS: tuple[Layout, ...] = ("areal", "openai", "auto")
 
-# The endpoint names are the values of modeltap.proxy.routes.Endpoint; compat imports nothing of ours,
-# so they are spelled out here.
-_BARE = {
-    "chat": "chat/completions",
-    "completions": "completions",
-    "responses": "responses",
-    "messages": "messages",
-    "count_tokens": "messages/count_tokens",
-    "models": "models",
-    "embeddings": "embeddings",
-}
-# AReaL registers its Anthropic route as "/v1/messages" and everything else bare (PRS routes, §1.1).
-_AREAL_V1 = {"messages", "count_tokens"}
-
 
 def upstream_paths(
-    layout: Layout, endpoint: str, base_has_v1: bool, auto_first: Literal["areal", "openai"] = "openai"
+    layout: Layout,
+    route: str,
+    *,
+    areal_v1: bool = False,
+    base_has_v1: bool = False,
+    auto_first: Literal["areal", "openai"] = "openai",
 ) -> list[str]:
-    """The upstream paths to try for `endpoint`, most likely first.
+    """The upstream paths to try for a format's `route` (the path after `/v1`), most likely first.
 
-    A base URL that already ends in `/v1` is joined as it is, so it has exactly one candidate. `auto`
-    tries the `auto_first` layout's path first (compat/areal.py says `areal` where AReaL is installed).
+    `areal_v1`: AReaL serves the route under `/v1` rather than bare (its Anthropic routes). A base URL
+    that already ends in `/v1` is joined as it is, so it has exactly one candidate. `auto` tries the
+    `auto_first` layout's path first (compat/areal.py says `areal` where AReaL is installed).
 
-    >>> upstream_paths("areal", "chat", False)
+    >>> upstream_paths("areal", "chat/completions")
     ['/chat/completions']
-    >>> upstream_paths("auto", "chat", False)
+    >>> upstream_paths("auto", "chat/completions")
     ['/v1/chat/completions', '/chat/completions']
-    >>> upstream_paths("auto", "chat", False, auto_first="areal")
+    >>> upstream_paths("auto", "chat/completions", auto_first="areal")
     ['/chat/completions', '/v1/chat/completions']
     """
-    bare = "/" + _BARE[endpoint]
+    bare = "/" + route
     if base_has_v1:
         return [bare]
     v1 = "/v1" + bare
     if layout == "openai":
         return [v1]
-    areal = v1 if endpoint in _AREAL_V1 else bare
+    areal = v1 if areal_v1 else bare
     if layout == "areal":
         return [areal]
     if auto_first == "areal":

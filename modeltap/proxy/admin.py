@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from modeltap import dialects
 from modeltap.compat.clients import presented_key
 from modeltap.proxy.context import CONTEXT
 from modeltap.proxy.errors import BadRequest, Forbidden, NotFound, ProxyError, Unauthorized, error_bytes
@@ -24,6 +25,8 @@ from modeltap.proxy.network import is_loopback
 from modeltap.proxy.sessions import Session
 
 PREFIX = "/_modeltap/sessions"
+# The admin API's errors are shaped as OpenAI's, like every modeltap route that is not Anthropic's.
+_SHAPE = dialects.named("chat")
 
 
 def add_routes(app: web.Application) -> None:
@@ -65,7 +68,7 @@ def _guarded(handler: Handler) -> Handler:
             return await handler(request)
         except ProxyError as err:
             return web.Response(
-                status=err.status, body=error_bytes(err, False), content_type="application/json"
+                status=err.status, body=error_bytes(err, _SHAPE), content_type="application/json"
             )
 
     return wrapper

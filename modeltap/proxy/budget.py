@@ -1,17 +1,17 @@
 """Token budgets: the limits in force, the pass / clamp / reject decision, and its error messages.
 
-Owns: the rule of DESIGN §4, which M field each endpoint uses and how a clamp rewrites it, the
-canonical context-length errors, what `count_tokens` answers, and discovering the context length
-from the upstream at start. Does not own: counting (tokens.py), answering the error in the client's
-shape (errors.py builds the body, relay.py sends it), or when a budget applies (relay.py).
+Owns: the budget rule, how a clamp rewrites the completion field, and discovering the context length
+from the upstream at start. Does not own: counting (tokens.py), which field caps a format's
+completion or how its refusal is worded (the format's dialect), answering the error in the client's
+shape (errors.py, relay.py), or when a budget applies (relay.py).
 
 A request is safe on every known backend when P + M <= C - 1 - R and, with AReaL's
-engine_max_tokens E, P + M <= E and P <= E - 1 (shared/reference/token-budgets.md §0, §7): the -1
+engine_max_tokens E, P + M <= E and P <= E - 1 (docs/token-budgets.md §0, §7): the -1
 covers SGLang before PR #22546, which refuses P + M == C, and AReaL refuses P == E. Every request is
 taken to need at least one completion token, which makes P <= E - 1 part of the same inequality.
 
     limits = Limits(context_length=32768, sources={"context_length": "--context-length"})
-    decision = decide(Endpoint.CHAT, body, prompt_tokens=31000, limits=limits, policy="clamp",
+    decision = decide(dialects.named("chat"), body, prompt_tokens=31000, limits=limits, policy="clamp",
                       min_completion_tokens=1)
     decision.action, decision.body  # "clamp", the body with max_completion_tokens lowered to 1767
 """
@@ -26,26 +26,25 @@ import logging
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
+from modeltap.dialects.base import Dialect
+from modeltap.proxy.config import BUDGET_POLICIES, BudgetPolicy
 from modeltap.proxy.errors import BadRequest, OverBudget
-from modeltap.proxy.routes import Dialect, Endpoint
 from modeltap.proxy.tokens import CountError, TokenCounter
 from modeltap.proxy.upstream import Upstream
 
 log = logging.getLogger(__name__)
-
-POLICIES = ("clamp", "reject", "off")
 
 # Discovery runs once at start; an upstream that has not answered in this long is treated as not
 # knowing its context length, and the operator is told to pass --context-length.
 DISCOVERY_TIMEOUT_S = 10.0
 
 # Counts of bodies seen before, by a digest of their bytes: an SDK retry, and the n samples of a GRPO
-# group that all open with the same prompt (token-budgets.md §5.4, "whole-request memo"). 4096 entries
+# group that all open with the same prompt (docs/token-budgets.md §5.4, "whole-request memo"). 4096 entries
 # of ~60 bytes each.
 COUNT_MEMO_MAX = 4096
 
 # Where a server states its context length, in the order tried: vLLM and SGLang's model cards
-# (token-budgets.md §1.5, §2.4), then SGLang's server info (`context_length` is null there when it
+# (docs/token-budgets.md §1.5, §2.4), then SGLang's server info (`context_length` is null there when it
 # came from config.json, so the model card is tried first) and its model info.
 _DISCOVERY_PATHS = ("/v1/models", "/server_info", "/get_server_info", "/get_model_info")
 _CONTEXT_KEYS = ("max_model_len", "context_length", "context_len", "max_context_length")
@@ -54,7 +53,7 @@ _CONTEXT_KEYS = ("max_model_len", "context_length", "context_len", "max_context_
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """The limits in force: context length C, AReaL's engine_max_tokens E (prompt + completion),
-    and a reserve R kept free (e.g. SGLang's EAGLE draft tokens, token-budgets.md §1.1).
+    and a reserve R kept free (e.g. SGLang's EAGLE draft tokens, docs/token-budgets.md §1.1).
 
     `sources` says where each value came from ("--context-length", "GET /v1/models max_model_len",
     "default"), for the line `serve` prints at start.
@@ -124,25 +123,6 @@ class Decision:
         }
 
 
-def completion_field(endpoint: Endpoint, body: dict[str, Any]) -> str:
-    """The field carrying M for this endpoint: the one the client used, else the one to add.
-
-    Chat takes either; `max_completion_tokens` wins when both are sent, as on OpenAI, vLLM, SGLang and
-    AReaL (token-budgets.md §4.1). When neither is sent, `max_completion_tokens` is the one to add:
-    old AReaL read `max_tokens` as the prompt + completion total, newer AReaL refuses both fields
-    together with a 500, and every backend accepts `max_completion_tokens` (token-budgets.md §3, §7).
-    """
-    if endpoint is Endpoint.CHAT:
-        if body.get("max_completion_tokens") is None and body.get("max_tokens") is not None:
-            return "max_tokens"
-        return "max_completion_tokens"
-    if endpoint in (Endpoint.COMPLETIONS, Endpoint.MESSAGES):
-        return "max_tokens"
-    if endpoint is Endpoint.RESPONSES:
-        return "max_output_tokens"
-    raise ValueError(f"{endpoint.value} requests have no completion budget")
-
-
 class _Shared(TypedDict):
     """The Decision fields every outcome of `decide` sets alike, so the checker sees each one's type."""
 
@@ -153,11 +133,11 @@ class _Shared(TypedDict):
 
 
 def decide(
-    endpoint: Endpoint,
+    dialect: Dialect,
     body: dict[str, Any],
     prompt_tokens: int,
     limits: Limits,
-    policy: str,
+    policy: BudgetPolicy,
     min_completion_tokens: int,
 ) -> Decision:
     """Pass, clamp or reject one request whose prompt counts `prompt_tokens`. Pure.
@@ -167,7 +147,7 @@ def decide(
     reject: rejected unless M (or, when absent, one token) fits. off: always passes.
     """
     _check_policy(policy, min_completion_tokens)
-    field = completion_field(endpoint, body)
+    field = _completion_field(dialect, body)
     requested = body.get(field)
     limit = limits.max_total_tokens
     room = limit - prompt_tokens
@@ -185,42 +165,42 @@ def decide(
         needed = min_completion_tokens if requested is None else min(asked, min_completion_tokens)
     if room < needed:
         shown = requested if requested is not None else needed
-        error = _over_budget(endpoint.dialect, prompt_tokens, shown, limit - needed, limit)
+        error = OverBudget.from_api_error(
+            dialect.context_overflow(prompt_tokens, shown, limit, limit - needed)
+        )
         return Decision("reject", requested=requested, error=error, **common)
     if (requested is not None and asked <= room) or policy == "reject":
         return Decision("pass", requested=requested, **common)
     return Decision("clamp", requested=requested, body={**body, field: room}, **common)
 
 
+def _completion_field(dialect: Dialect, body: dict[str, Any]) -> str:
+    field = dialect.completion_field(body)
+    if field is None:
+        raise ValueError(f"{dialect.name} requests have no completion budget")
+    return field
+
+
 def _check_policy(policy: str, min_completion_tokens: int) -> None:
-    if policy not in POLICIES:
-        raise ValueError(f"budget policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    if policy not in BUDGET_POLICIES:
+        raise ValueError(f"budget policy must be one of {', '.join(BUDGET_POLICIES)}, not {policy!r}")
     if min_completion_tokens < 1:
         raise ValueError("min_completion_tokens must be at least 1")
-
-
-def _over_budget(dialect: Dialect, prompt: int, completion: int, max_prompt: int, limit: int) -> OverBudget:
-    """The canonical refusal agents know how to handle (token-budgets.md §4, §7; agent-clients.md:
-    opencode compacts on the OpenAI one, Claude Code stops with "Prompt is too long")."""
-    if dialect is Dialect.ANTHROPIC:
-        return OverBudget(f"prompt is too long: {prompt} tokens > {max_prompt} maximum")
-    return OverBudget(
-        f"This model's maximum context length is {limit} tokens. However, you requested "
-        f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
-        "Please reduce the length of the messages or completion.",
-        param="messages",
-    )
 
 
 class Budget:
     """Counts and decides, counting off the event loop.
 
     >>> budget = Budget(TokenCounter.load("/models/qwen"), Limits(32768), policy="clamp")
-    >>> decision = await budget.apply(Endpoint.CHAT, body)
+    >>> decision = await budget.apply(dialects.named("chat"), body)
     """
 
     def __init__(
-        self, counter: TokenCounter, limits: Limits, policy: str = "clamp", min_completion_tokens: int = 1
+        self,
+        counter: TokenCounter,
+        limits: Limits,
+        policy: BudgetPolicy = "clamp",
+        min_completion_tokens: int = 1,
     ) -> None:
         _check_policy(policy, min_completion_tokens)
         self.counter = counter
@@ -229,25 +209,24 @@ class Budget:
         self.min_completion_tokens = min_completion_tokens
         self._memo: collections.OrderedDict[tuple[str, bytes], int] = collections.OrderedDict()
 
-    async def apply(self, endpoint: Endpoint, body: dict[str, Any], raw: bytes | None = None) -> Decision:
-        """The decision for one request to a budgeted endpoint (chat, completions, responses,
-        messages). A body that cannot be rendered passes uncounted: the upstream will refuse it in
-        its own words, which serves the client better than a guess of ours.
+    async def apply(self, dialect: Dialect, body: dict[str, Any], raw: bytes | None = None) -> Decision:
+        """The decision for one request of a format with a completion budget. A body that cannot be
+        rendered passes uncounted: the upstream will refuse it in its own words, which serves the
+        client better than a guess of ours.
 
-        Counting always runs off the event loop (issue 3: even a small body's render costs ~0.1 ms).
-        `raw`, the body as received, lets a repeated body be answered from a memo (COUNT_MEMO_MAX)."""
-        if not endpoint.budgeted:
-            raise ValueError(f"{endpoint.value} requests have no completion budget")
-        key = (endpoint.value, hashlib.blake2b(raw, digest_size=16).digest()) if raw is not None else None
+        Counting always runs off the event loop: even a small body's render costs ~0.1 ms. `raw`, the
+        body as received, lets a repeated body be answered from a memo (COUNT_MEMO_MAX)."""
+        _completion_field(dialect, body)
+        key = (dialect.name, hashlib.blake2b(raw, digest_size=16).digest()) if raw is not None else None
         try:
             prompt_tokens = self._memo.get(key) if key is not None else None
             if prompt_tokens is not None and key is not None:
                 self._memo.move_to_end(key)
             else:
-                prompt_tokens = await asyncio.to_thread(self.counter.count, endpoint, body)
+                prompt_tokens = await asyncio.to_thread(self.counter.count, dialect, body)
         except CountError as exc:
             log.warning("budget not applied: %s", exc)
-            field = completion_field(endpoint, body)
+            field = _completion_field(dialect, body)
             requested = body.get(field)
             requested = requested if isinstance(requested, int) and not isinstance(requested, bool) else None
             limit = self.limits.max_total_tokens
@@ -256,23 +235,24 @@ class Budget:
             self._memo[key] = prompt_tokens
             if len(self._memo) > COUNT_MEMO_MAX:
                 self._memo.popitem(last=False)
-        return decide(endpoint, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens)
+        return decide(dialect, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens)
 
-    async def count_tokens_body(self, body: dict[str, Any]) -> dict[str, int]:
-        """The answer to POST /v1/messages/count_tokens: `{"input_tokens": N}`, N counted exactly as
-        /v1/messages would be. Raises BadRequest (400) for a body that cannot be rendered."""
+    async def count_answer(self, dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
+        """The answer of a format whose answer is the prompt's token count (Anthropic count_tokens:
+        `{"input_tokens": N}`, N counted exactly as /v1/messages would count it). Raises BadRequest
+        (400) for a body that cannot be rendered."""
         try:
-            tokens = await asyncio.to_thread(self.counter.count, Endpoint.COUNT_TOKENS, body)
+            tokens = await asyncio.to_thread(self.counter.count, dialect, body)
         except CountError as exc:
             raise BadRequest(str(exc)) from exc
-        return {"input_tokens": tokens}
+        return dialect.count_answer(tokens)
 
 
 async def discover_limits(upstream: Upstream, headers: Mapping[str, str]) -> tuple[int | None, str]:
     """The upstream's context length and where it came from, or (None, why not).
 
     Tries GET /v1/models (`max_model_len`, vLLM and SGLang), then SGLang's /server_info,
-    /get_server_info and /get_model_info. AReaL serves none of them (areal-proxy-protocol.md §1.1),
+    /get_server_info and /get_model_info. AReaL serves none of them (docs/areal.md §1.1),
     so against AReaL the operator passes --context-length. Runs once at start, before any exchange.
     """
     for path in _DISCOVERY_PATHS:

@@ -1,7 +1,8 @@
-"""ProxyConfig: every setting of one proxy, with its default and the reason for it.
+"""ProxyConfig: every setting of one proxy, with its default, its help and the reason for it.
 
-Owns: the option names (one spelling, shared by the CLI flags and `MODELTAP_<OPTION>` environment
-variables), defaults, and validation. Does not own: parsing argv (cli.py) or acting on a setting.
+Owns: the option names (one spelling, shared by the CLI flags, which cli.py generates from these
+fields, and the `MODELTAP_<OPTION>` environment variables), defaults, and validation. Does not own:
+parsing argv (cli.py) or acting on a setting.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from modeltap.compat.layouts import LAYOUTS, Layout
 
@@ -23,17 +24,28 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 # Connecting to a live upstream on the same host or LAN takes milliseconds; 10 s means it is down.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # The longest silence allowed between two chunks of an upstream response. AReaL generates the whole
-# completion before it sends the first byte, even when streaming (areal-proxy-protocol.md §1.1), and
-# its own client waits up to an hour (rollout.request_timeout, §4.3), so the default is that hour.
+# completion before it sends the first byte, even when streaming (docs/areal.md §1.1), and its own
+# client waits up to an hour (rollout.request_timeout, §4.3), so the default is that hour.
 DEFAULT_READ_TIMEOUT_S = 3600.0
 # A client that has not finished sending its headers and body within this is treated as gone
 # (slowloris); the largest legitimate body on loopback arrives in well under a second.
 DEFAULT_CLIENT_TIMEOUT_S = 60.0
 # Sessions idle longer than this are closed: AReaL's own proxy forgets its sessions after an hour
-# (rollout.agent.session_timeout_seconds, areal-proxy-protocol.md §5.1), so a longer-lived token
-# would only point at an upstream session that no longer exists.
+# (rollout.agent.session_timeout_seconds, docs/areal.md §5.1), so a longer-lived token would only
+# point at an upstream session that no longer exists.
 DEFAULT_SESSION_TTL_S = 3600.0
-BUDGET_POLICIES = ("clamp", "reject", "off")
+
+BudgetPolicy = Literal["clamp", "reject", "off"]
+BUDGET_POLICIES: tuple[BudgetPolicy, ...] = get_args(BudgetPolicy)
+
+
+def option(default: Any, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
+    """A ProxyConfig field: its default, the help of its flag, and the flag's name when it is not
+    `--NAME-WITH-DASHES` (a unit suffix such as `_s` is left out of the flag)."""
+    metadata = {"help": help, "flag": flag}
+    if isinstance(default, list | dict):
+        return field(default_factory=type(default), metadata=metadata, repr=not secret)
+    return field(default=default, metadata=metadata, repr=not secret)
 
 
 @dataclass
@@ -44,30 +56,57 @@ class ProxyConfig:
     'auto'
     """
 
-    upstream: str | None = None
-    host: str = "0.0.0.0"
-    port: int = 0
-    layout: Layout = "auto"
-    upstream_key: str | None = field(default=None, repr=False)
-    model: str | None = None
-    store: str = DEFAULT_STORE
-    admin_key: str | None = field(default=None, repr=False)
-    sync: bool = False
-    tokenizer: str | None = None
-    context_length: int | None = None
-    engine_max_tokens: int | None = None
-    reserve: int = 0
-    budget: str = "clamp"
-    min_completion_tokens: int = 1
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    lend_key_to_anonymous: bool = False
-    admin_remote: bool = False
-    session_ttl_s: float = DEFAULT_SESSION_TTL_S
-    keep_raw_sse: bool = False
+    upstream: str | None = option(None, "base URL of the OpenAI/Anthropic-compatible server (AReaL, vLLM, …)")
+    host: str = option(
+        "0.0.0.0", "address to listen on (default 0.0.0.0: all interfaces, so containers reach it)"
+    )
+    port: int = option(0, "port to listen on (default 0: pick a free one)")
+    layout: Layout = option("auto", "the upstream's path layout (default auto)")
+    upstream_key: str | None = option(None, "API key to send upstream instead of the client's", secret=True)
+    model: str | None = option(None, "model name that GET /v1/models lists when the upstream has none")
+    store: str = option(DEFAULT_STORE, f"records database (default {DEFAULT_STORE})")
+    admin_key: str | None = option(
+        None, "key for the admin API /_modeltap/sessions (default: random, printed)", secret=True
+    )
+    admin_remote: bool = option(False, "serve the admin API beyond loopback too")
+    lend_key_to_anonymous: bool = option(
+        False, "on a non-loopback listener, send --upstream-key for requests without a session token too"
+    )
+    sync: bool = option(False, "commit each record before its response ends")
+    tokenizer: str | None = option(None, "local HF tokenizer folder (or cached name) of the served model")
+    context_length: int | None = option(None, "the model's context length (default: ask the upstream)")
+    engine_max_tokens: int | None = option(None, "AReaL's rollout.agent.engine_max_tokens, if set")
+    reserve: int = option(0, "tokens to keep free below the context length (default 0)")
+    budget: BudgetPolicy = option("clamp", "over-budget policy (default clamp)")
+    min_completion_tokens: int = option(1, "reject when fewer would remain (default 1)")
+    chat_template_kwargs: dict[str, Any] = option(
+        {}, """the server's chat template kwargs as JSON, e.g. '{"enable_thinking": false}'"""
+    )
+    connect_timeout_s: float = option(
+        DEFAULT_CONNECT_TIMEOUT_S,
+        f"seconds (default {DEFAULT_CONNECT_TIMEOUT_S:g})",
+        flag="--connect-timeout",
+    )
+    read_timeout_s: float = option(
+        DEFAULT_READ_TIMEOUT_S,
+        f"longest upstream silence, seconds (default {DEFAULT_READ_TIMEOUT_S:g})",
+        flag="--read-timeout",
+    )
+    client_timeout_s: float = option(
+        DEFAULT_CLIENT_TIMEOUT_S,
+        f"seconds a client may take to send its request (default {DEFAULT_CLIENT_TIMEOUT_S:g})",
+        flag="--client-timeout",
+    )
+    max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "largest request body accepted (default 64 MiB)")
+    session_ttl_s: float = option(
+        DEFAULT_SESSION_TTL_S,
+        f"idle seconds before a session closes (default {DEFAULT_SESSION_TTL_S:g})",
+        flag="--session-ttl",
+    )
+    keep_raw_sse: bool = option(False, "also store streams' raw bytes")
+    observers: list[str] = option(
+        [], "an observer of every exchange, MODULE:ATTR (a class or factory); repeatable", flag="--observer"
+    )
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -98,11 +137,12 @@ class ProxyConfig:
             if flags.get(f.name) is not None:
                 values[f.name] = flags[f.name]
             elif (raw := env.get("MODELTAP_" + f.name.upper())) is not None:
-                values[f.name] = _parse_env(f, raw)
+                values[f.name] = parse_env(f, raw)
         return cls(**values)
 
 
-def _parse_env(f: dataclasses.Field[Any], raw: str) -> Any:
+def parse_env(f: dataclasses.Field[Any], raw: str) -> Any:
+    """An environment variable's text as the value of field `f`."""
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
     if kind.startswith("bool"):
         return raw.strip().lower() in ("1", "true", "yes", "on")
@@ -112,4 +152,6 @@ def _parse_env(f: dataclasses.Field[Any], raw: str) -> Any:
         return float(raw)
     if kind.startswith("dict"):
         return json.loads(raw)
+    if kind.startswith("list"):
+        return [item for item in raw.split(",") if item]
     return raw

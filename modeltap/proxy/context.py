@@ -1,7 +1,8 @@
 """ProxyContext: the state one proxy app shares between its handlers.
 
 Owns: the typed app key, the pooled upstreams (one `aiohttp.ClientSession` per upstream base URL,
-created on first use and closed with the app), and references to the registry, store and budget.
+created on first use and closed with the app), and references to the registry, the observers (the
+record store first) and the budget.
 Does not own: building the app (server.py) or handling requests (relay.py).
 """
 
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from modeltap.compat.areal import installed_capabilities
 from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.observers import Observers
 from modeltap.proxy.sessions import SessionRegistry
 from modeltap.proxy.tasks import Tasks
 from modeltap.proxy.upstream import Upstream
@@ -36,6 +38,7 @@ class ProxyContext:
     config: ProxyConfig
     sessions: SessionRegistry
     store: RecordStore
+    observers: Observers
     loopback_only: bool
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None

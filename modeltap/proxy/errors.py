@@ -1,6 +1,7 @@
 """The errors the proxy itself produces, and their bodies in each client's dialect.
 
-    ProxyError                500  base; anything unexpected at the relay boundary
+    ProxyError                500  base
+    ├── InternalError         500  anything the relay did not expect, caught at its boundary
     ├── BadRequest            400  malformed JSON, a body that is not an object, wrong content type
     │   └── OverBudget        400  prompt + completion over the context window (context_length_exceeded)
     ├── Unauthorized          401  no usable credentials, or a closed/unknown session token
@@ -13,14 +14,17 @@
     ├── UpstreamUnreachable   502  connection refused, reset, or a broken response before the status
     └── UpstreamTimeout       504  connect or read timeout
 
-Upstream errors are not ProxyErrors: they pass through unchanged (DESIGN §3.4). aiohttp client
-exceptions are translated into this tree in one place, upstream.py.
+Upstream errors are not ProxyErrors: they pass through unchanged. aiohttp client exceptions are
+translated into this tree in one place, upstream.py. Each error is shaped by the dialect of the route
+it answers (modeltap.dialects: OpenAI's nested error, Anthropic's typed one).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from modeltap.dialects.base import ApiError, Dialect
 
 
 class ProxyError(Exception):
@@ -38,6 +42,18 @@ class ProxyError(Exception):
         self.message = message
         self.param = param
 
+    @property
+    def api_error(self) -> ApiError:
+        """The error before a dialect shapes it."""
+        return ApiError(self.message, self.openai_type, self.anthropic_type, self.code, self.param)
+
+
+class InternalError(ProxyError):
+    """Something the relay did not expect: answered 500 in the client's shape and recorded, with its
+    traceback in the serve log, while the server keeps serving."""
+
+    code = "internal_error"
+
 
 class BadRequest(ProxyError):
     """The request cannot be relayed as sent: malformed JSON, not an object, wrong content type."""
@@ -49,10 +65,15 @@ class BadRequest(ProxyError):
 
 
 class OverBudget(BadRequest):
-    """Prompt plus requested completion do not fit the context window (DESIGN §4)."""
+    """Prompt plus requested completion do not fit the context window (docs/token-budgets.md §0)."""
 
     code = "context_length_exceeded"
     error_class = "model_fault"
+
+    @classmethod
+    def from_api_error(cls, error: ApiError) -> OverBudget:
+        """The refusal as a dialect words it (`Dialect.context_overflow`)."""
+        return cls(error.message, param=error.param)
 
 
 class Unauthorized(ProxyError):
@@ -139,17 +160,6 @@ class UpstreamTimeout(ProxyError):
     code = "upstream_timeout"
 
 
-def openai_error_body(err: ProxyError) -> dict[str, Any]:
-    """`{"error": {"message", "type", "param", "code"}}`, as the openai SDK and opencode parse it."""
-    return {"error": {"message": err.message, "type": err.openai_type, "param": err.param, "code": err.code}}
-
-
-def anthropic_error_body(err: ProxyError) -> dict[str, Any]:
-    """`{"type": "error", "error": {"type", "message"}}`, as the anthropic SDK and Claude Code parse it."""
-    return {"type": "error", "error": {"type": err.anthropic_type, "message": err.message}}
-
-
-def error_bytes(err: ProxyError, anthropic: bool) -> bytes:
-    """The JSON body of `err` in the chosen dialect."""
-    body = anthropic_error_body(err) if anthropic else openai_error_body(err)
-    return json.dumps(body).encode()
+def error_bytes(err: ProxyError, dialect: Dialect) -> bytes:
+    """The JSON body of `err` in the shape `dialect`'s clients parse."""
+    return json.dumps(dialect.error_body(err.api_error)).encode()

@@ -1,19 +1,22 @@
-"""Forwards one exchange, in the fixed stages of DESIGN §3.2:
+"""Forwards one exchange, in fixed stages:
 
-    route -> identify the session -> read the body -> budget -> rewrite headers -> relay -> record
+    route -> identify the session -> read the body -> budget -> rewrite headers -> relay -> seal
 
-Paths are resolved in routes.py, token budgets decided in budget.py, streams parsed in sse.py,
-upstream paths and client errors handled in upstream.py, error bodies built in errors.py, and records
-written by records/store.py. This module only wires them together for one request.
+Paths are resolved in routes.py, every format's particulars asked of its dialect (modeltap.dialects),
+token budgets decided in budget.py, streams assembled in dialects/sse.py, upstream paths and client
+errors handled in upstream.py, and the sealed exchange handed to the observers (observers.py; the
+record store is the first). This module only wires them together for one request, and is the one
+boundary for failures: whatever a stage did not expect is answered 500 in the client's shape and
+recorded as `proxy_error`, and the server keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -21,13 +24,16 @@ from urllib.parse import quote
 from aiohttp import HttpVersion10, hdrs, web
 from multidict import CIMultiDict
 
-from modeltap.compat.areal import messages_body_for_areal
+from modeltap import dialects
 from modeltap.compat.clients import presented_key, retry_count
 from modeltap.compat.layouts import classify, parse_error
+from modeltap.dialects.base import Dialect
+from modeltap.dialects.sse import StreamAssembler
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.errors import (
     BadRequest,
     ClientTooSlow,
+    InternalError,
     MethodNotAllowed,
     NotFound,
     NotImplemented_,
@@ -37,11 +43,12 @@ from modeltap.proxy.errors import (
     UpstreamUnreachable,
     error_bytes,
 )
-from modeltap.proxy.routes import Dialect, Endpoint, Route, dialect_for_path, masked, resolve, session_token
+from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
-from modeltap.proxy.sse import StreamAssembler
 from modeltap.proxy.upstream import Reply, Upstream
-from modeltap.records.exchange import Exchange
+from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
+
+log = logging.getLogger(__name__)
 
 # Never forwarded in either direction (RFC 9110 §7.6.1), plus the ones aiohttp recomputes itself.
 _HOP_BY_HOP = frozenset(
@@ -63,13 +70,11 @@ _HOP_BY_HOP = frozenset(
 # no key is configured.
 _CREDENTIALS = frozenset(("authorization", "x-api-key"))
 # aiohttp decodes gzip and deflate on its own; asking the upstream for only these keeps every body
-# readable for the record (Claude Code asks for br and zstd too: agent-clients.md).
+# readable for the record (Claude Code asks for br and zstd too: docs/agents.md §2).
 UPSTREAM_ACCEPT_ENCODING = "gzip, deflate"
 # Response headers that describe the upstream's encoding or framing, which the relay changes.
 _RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}
-# An upstream error message is kept for the record up to this size (AReaL can put a whole prompt in one).
-RESPONSE_TEXT_MAX_CHARS = 16 * 1024
-# Session hints agents already send (peer-proxies.md §6): they group anonymous traffic by agent run.
+# Session hints agents already send (docs/peers.md §6): they group anonymous traffic by agent run.
 _SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
 _HINT_SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Traffic with no session token and no client hint; distinct from the "default" session `serve` opens.
@@ -89,113 +94,149 @@ class Target:
     session: Session | None
 
 
+class _Flow:
+    """One request on its way through the stages: the draft of its exchange, the dialect its errors
+    are shaped in, and the streamed response once it has begun (after which no error can change the
+    status). The exchange is handed to the observers once, by `deliver`."""
+
+    __slots__ = ("ctx", "delivered", "dialect", "draft", "request", "stream")
+
+    def __init__(self, ctx: ProxyContext, request: web.Request) -> None:
+        self.ctx = ctx
+        self.request = request
+        self.dialect: Dialect = dialects.for_error(request.path)
+        self.draft = ExchangeDraft(
+            method=request.method,
+            path=_recorded_path(request),
+            user_agent=request.headers.get(hdrs.USER_AGENT),
+            retry_count=retry_count(request.headers),
+        )
+        self.stream: web.StreamResponse | None = None
+        self.delivered = False
+
+    async def deliver(self) -> None:
+        """Seal the exchange and hand it to the observers, once."""
+        if not self.delivered:
+            self.delivered = True
+            await self.ctx.observers.exchange(self.draft.seal())
+
+    def deliver_later(self) -> None:
+        """The same, from a handler that is being cancelled: the proxy's task owner does it."""
+        self.delivered = True
+        self.ctx.tasks.spawn(self.ctx.observers.exchange(self.draft.seal()), "record-disconnected")
+
+
 async def handle(request: web.Request) -> web.StreamResponse:
     """The aiohttp handler for every relayed path."""
-    ctx = request.app[CONTEXT]
-    token = session_token(request.path)
-    ex = Exchange(
-        method=request.method,
-        path=_recorded_path(request),
-        user_agent=request.headers.get(hdrs.USER_AGENT),
-        retry_count=retry_count(request.headers),
-    )
-    dialect = dialect_for_path(request.path)
-    recorded = False
-
-    async def record() -> None:
-        nonlocal recorded
-        if not recorded:
-            recorded = True
-            ex.ended = time.time()
-            await ctx.store.submit(ex, wait=ctx.config.sync)
-
+    flow = _Flow(request.app[CONTEXT], request)
+    draft = flow.draft
     try:
-        if request.version < HttpVersion10:
-            # aiohttp reads a request line without a version as HTTP/0.9 yet still takes the lines after
-            # it as headers, so a raw CR LF in a URL would turn the URL's tail into headers we forward.
-            raise BadRequest("modeltap speaks HTTP/1.0 and later; the request line has no HTTP version")
-        route = resolve(request.path)
-        dialect = route.endpoint.dialect
-        ex.endpoint = route.endpoint.value
-        response = await _exchange(ctx, request, route, ex, record)
-        ex.status = ex.status or response.status
+        response = await _exchange(flow)
+        if draft.status is None:
+            draft.status = response.status
     except ProxyError as err:
-        if ex.session_id is None:
+        if draft.session_id is None:
             # A session asking for a control route is worth finding in its own records.
-            _note_session(ex, ctx.sessions.by_token(token or presented_key(request.headers) or ""))
-        response = _error_response(err, dialect, ex)
+            token = session_token(request.path) or presented_key(request.headers) or ""
+            _note_session(flow, flow.ctx.sessions.by_token(token))
+        response = _error_response(flow, err)
     except asyncio.CancelledError:
         # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
-        # us. The record must outlive this handler, so its owner writes it.
-        ex.client_disconnected = True
-        ex.fail("client_disconnect", "the client closed the connection before the response was complete")
-        if not recorded:
-            recorded = True
-            ex.ended = time.time()
-            ctx.tasks.spawn(ctx.store.submit(ex), "record-disconnected")
+        # us. The record must outlive this handler, so its owner delivers it.
+        if not flow.delivered:
+            draft.client_disconnected = True
+            draft.fail(
+                "client_disconnect", "the client closed the connection before the response was complete"
+            )
+            flow.deliver_later()
         raise
-    await record()
+    except Exception as exc:  # the boundary: anything a stage did not expect, answered and recorded
+        log.exception("modeltap failed on %s %s (exchange %s)", request.method, draft.path, draft.id)
+        response = _unexpected(flow, exc)
+    await flow.deliver()
     return response
 
 
-async def _exchange(
-    ctx: ProxyContext, request: web.Request, route: Route, ex: Exchange, record: Callable[[], Awaitable[None]]
-) -> web.StreamResponse:
-    endpoint = route.endpoint
-    if request.method != endpoint.method:
-        raise MethodNotAllowed(f"use {endpoint.method} for {endpoint.value}, not {request.method}")
+async def _exchange(flow: _Flow) -> web.StreamResponse:
+    request, ctx, draft = flow.request, flow.ctx, flow.draft
+    if request.version < HttpVersion10:
+        # aiohttp reads a request line without a version as HTTP/0.9 yet still takes the lines after
+        # it as headers, so a raw CR LF in a URL would turn the URL's tail into headers we forward.
+        raise BadRequest("modeltap speaks HTTP/1.0 and later; the request line has no HTTP version")
+    route = resolve(request.path)
+    dialect = flow.dialect = route.dialect
+    draft.endpoint = dialect.name
+    if request.method != dialect.method:
+        raise MethodNotAllowed(f"use {dialect.method} for {dialect.route}, not {request.method}")
     target = _identify(ctx, request, route)
     if target.session is not None:
-        _note_session(ex, target.session)
+        _note_session(flow, target.session)
     else:
-        ex.session_id = _session_hint(request)
-    body = await _read_body(ctx, request, ex) if endpoint.method == "POST" else None
-    if endpoint is Endpoint.COUNT_TOKENS and ctx.budget is not None and body is not None:
-        return web.json_response(await ctx.budget.count_tokens_body(body))
-    payload = ex.request if body is not None else None
-    if ctx.budget is not None and endpoint.budgeted and body is not None:
-        decision = await ctx.budget.apply(endpoint, body, ex.request)
-        ex.budget = decision.as_record()
+        draft.session_id = _session_hint(request)
+    body = await _read_body(flow) if dialect.method == "POST" else None
+    if dialect.counts_prompt and ctx.budget is not None and body is not None:
+        return web.json_response(await ctx.budget.count_answer(dialect, body))
+    payload = draft.request if body is not None else None
+    if ctx.budget is not None and body is not None and dialect.completion_field(body) is not None:
+        decision = await ctx.budget.apply(dialect, body, draft.request)
+        draft.budget = decision.as_record()
         if decision.error is not None:
             raise decision.error
         if decision.body is not None:
-            ex.sent = decision.body
+            draft.sent = decision.body
             payload = json.dumps(decision.body).encode()
-    if endpoint is Endpoint.MESSAGES and target.upstream.areal_like and body is not None:
-        fixed = messages_body_for_areal(ex.sent if ex.sent is not None else body)
+    if target.upstream.areal_like and body is not None:
+        fixed = dialect.areal_body(draft.sent if draft.sent is not None else body)
         if fixed is not None:
-            ex.sent = fixed
+            draft.sent = fixed
             payload = json.dumps(fixed).encode()
+    reply = await _send(flow, target, route, payload)
+    if isinstance(reply, web.StreamResponse):
+        return reply
+    draft.upstream_url = reply.url
+    draft.status = reply.response.status
+    # Only the generating formats stream; anything else that claims to is relayed whole.
+    if reply.response.content_type == "text/event-stream" and dialect.streams:
+        return await _relay_stream(flow, target.upstream, reply)
+    return await _relay_body(flow, target.upstream, reply)
+
+
+async def _send(
+    flow: _Flow, target: Target, route: Route, payload: bytes | None
+) -> Reply | web.StreamResponse:
+    """The upstream's reply, or modeltap's own answer when the upstream does not serve the route."""
+    request, dialect = flow.request, flow.dialect
     try:
-        reply = await target.upstream.send(
-            endpoint,
+        return await target.upstream.send(
+            dialect,
             request.method,
             # As sent: the decoded form would turn an encoded `&`, `#` or CRLF into syntax.
             request.rel_url.raw_query_string,
-            _upstream_headers(request, target, endpoint.dialect is Dialect.ANTHROPIC),
+            _upstream_headers(request, target, dialect),
             payload,
             # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
-            f"/{quote(route.model_id, safe='')}" if route.model_id else "",
+            f"/{quote(route.item, safe='')}" if route.item else "",
         )
     except NotFound:
-        if endpoint is Endpoint.MODELS:
-            return _local_models(ctx, route.model_id)
-        if endpoint is Endpoint.COUNT_TOKENS:
+        ctx = flow.ctx
+        served = [ctx.config.model] if ctx.config.model else []
+        answer = dialect.local_answer(served, ctx.started, route.item)
+        if answer is not None:
+            return web.json_response(answer)
+        if route.item is not None:
+            raise NotFound(
+                f"no model {route.item!r} here; modeltap serves {served or 'no model (give --model)'}"
+            ) from None
+        if dialect.counts_prompt:
             raise NotImplemented_(
-                "count_tokens needs the served model's tokenizer: start modeltap serve with --tokenizer "
-                "(the upstream does not serve it either)"
+                f"{dialect.route} needs the served model's tokenizer: start modeltap serve with "
+                "--tokenizer (the upstream does not serve it either)"
             ) from None
         raise
-    ex.upstream_url = reply.url
-    ex.status = reply.response.status
-    # Only the generating endpoints stream; anything else that claims to is relayed whole.
-    if reply.response.content_type == "text/event-stream" and endpoint.budgeted:
-        return await _relay_stream(ctx, request, target.upstream, reply, ex, record)
-    return await _relay_body(target.upstream, reply, ex)
 
 
 def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
-    """Stage 2: the session, the upstream and the credentials for this request (DESIGN §3.2)."""
+    """The session, the upstream and the credentials for this request."""
     config = ctx.config
     if route.session_token is not None:
         session = ctx.sessions.by_token(route.session_token)
@@ -236,9 +277,9 @@ def _recorded_path(request: web.Request) -> str:
     return f"{path}?{query}" if query else path
 
 
-def _note_session(ex: Exchange, session: Session | None) -> None:
+def _note_session(flow: _Flow, session: Session | None) -> None:
     if session is not None:
-        ex.session_id, ex.labels = session.id, dict(session.labels)
+        flow.draft.session_id, flow.draft.labels = session.id, dict(session.labels)
 
 
 def _session_hint(request: web.Request) -> str:
@@ -249,35 +290,34 @@ def _session_hint(request: web.Request) -> str:
     return ANONYMOUS_SESSION
 
 
-async def _read_body(ctx: ProxyContext, request: web.Request, ex: Exchange) -> dict[str, Any]:
-    """Stage 3: the body, read once and parsed once, kept as received for the record."""
-    limit = ctx.config.max_body_bytes
+async def _read_body(flow: _Flow) -> dict[str, Any]:
+    """The body, read once and parsed once, kept as received for the record."""
+    request, draft, config = flow.request, flow.draft, flow.ctx.config
+    limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body is {request.content_length} bytes; the limit is {limit}")
     try:
         if request.content.is_eof():  # the whole body is already buffered: no wait to time
-            ex.request = await request.read()
+            draft.request = await request.read()
         else:
-            async with asyncio.timeout(ctx.config.client_timeout_s):
-                ex.request = await request.read()
+            async with asyncio.timeout(config.client_timeout_s):
+                draft.request = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"the request body is over the limit of {limit} bytes") from None
     except TimeoutError:
-        raise ClientTooSlow(
-            f"the request body did not arrive within {ctx.config.client_timeout_s:g} s"
-        ) from None
+        raise ClientTooSlow(f"the request body did not arrive within {config.client_timeout_s:g} s") from None
     declared = request.headers.get(hdrs.CONTENT_TYPE)
     if declared is not None and not _is_json_type(request.content_type):
         raise BadRequest(f"Content-Type must be application/json, not {declared!r}")
     try:
-        body = json.loads(ex.request)
+        body = json.loads(draft.request)
     except RecursionError:
         raise BadRequest("the request body is JSON nested too deeply") from None
     except ValueError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, not {type(body).__name__}")
-    ex.request_json = body
+    draft.request_json = body
     return body
 
 
@@ -285,8 +325,8 @@ def _is_json_type(content_type: str) -> bool:
     return content_type == "application/json" or content_type.endswith("+json")
 
 
-def _upstream_headers(request: web.Request, target: Target, anthropic: bool) -> CIMultiDict[str]:
-    """Stage 4: the client's headers less hop-by-hop ones, with the upstream's credentials."""
+def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) -> CIMultiDict[str]:
+    """The client's headers less hop-by-hop ones, with the upstream's credentials."""
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
         lower = name.lower()
@@ -297,9 +337,7 @@ def _upstream_headers(request: web.Request, target: Target, anthropic: bool) -> 
         out.add(name, value)
     out[hdrs.ACCEPT_ENCODING] = UPSTREAM_ACCEPT_ENCODING
     if target.key is not None:
-        out[hdrs.AUTHORIZATION] = f"Bearer {target.key}"
-        if anthropic:
-            out["x-api-key"] = target.key
+        out.update(dialect.credential_headers(target.key))
     return out
 
 
@@ -307,104 +345,90 @@ def _response_headers(reply: Reply) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
 
 
-async def _relay_body(upstream: Upstream, reply: Reply, ex: Exchange) -> web.Response:
-    """Stage 5, non-streamed: the body as the upstream sent it (decoded), noted for the record."""
+async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Response:
+    """Non-streamed: the body as the upstream sent it (decoded), noted for the record."""
+    draft = flow.draft
     body = reply.body if reply.body is not None else await upstream.read(reply.response)
-    ex.first_byte = time.time()
-    ex.response_body = body  # parsed for the record by the store's writer, not here
-    if reply.response.status >= 400:
-        ex.fail(
-            classify(reply.response.status, body),
-            parse_error(reply.response.status, body).message[:RESPONSE_TEXT_MAX_CHARS],
-        )
-    return web.Response(status=reply.response.status, body=body, headers=_response_headers(reply))
+    draft.first_byte = time.time()
+    draft.response_body = body  # parsed for the record by the store's writer, not here
+    status = reply.response.status
+    if status >= 400:
+        draft.fail(classify(status, body), parse_error(status, body).message[:RESPONSE_TEXT_MAX_CHARS])
+    return web.Response(status=status, body=body, headers=_response_headers(reply))
 
 
-async def _relay_stream(
-    ctx: ProxyContext,
-    request: web.Request,
-    upstream: Upstream,
-    reply: Reply,
-    ex: Exchange,
-    record: Callable[[], Awaitable[None]],
-) -> web.StreamResponse:
-    """Stage 5, streamed: every chunk to the client as it arrives, a copy to the assembler."""
-    ex.streamed = True
-    assembler = StreamAssembler(ex.endpoint or "")
-    raw: list[bytes] | None = [] if ctx.config.keep_raw_sse else None
-    response = web.StreamResponse(status=reply.response.status, headers=_response_headers(reply))
+async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.StreamResponse:
+    """Streamed: every chunk to the client as it arrives, a copy to the assembler. What arrived is
+    recorded however the stream ends: complete, broken by the upstream, or cut by the client."""
+    draft, request = flow.draft, flow.request
+    draft.streamed = True
+    assembler = StreamAssembler(flow.dialect)
+    raw: list[bytes] | None = [] if flow.ctx.config.keep_raw_sse else None
+    response = flow.stream = web.StreamResponse(
+        status=reply.response.status, headers=_response_headers(reply)
+    )
     await response.prepare(request)
+    upstream_broke = False
     try:
         async for chunk in upstream.chunks(reply.response):
-            if ex.first_byte is None:
-                ex.first_byte = time.time()
+            if draft.first_byte is None:
+                draft.first_byte = time.time()
             await response.write(chunk)
             assembler.feed(chunk)
             if raw is not None:
                 raw.append(chunk)
     except ProxyError as err:
         upstream_broke = True
-        ex.fail(err.error_class, f"the upstream stream broke: {err.message}")
-    except ConnectionError:
-        ex.client_disconnected = True
-        ex.fail("client_disconnect", "the client closed the connection mid-stream")
-    else:
-        upstream_broke = False
-    result = assembler.result()
-    ex.response, ex.stream_complete = result.body, result.complete
-    if raw is not None:
-        ex.raw_sse = b"".join(raw)
-    if result.error is not None:
-        ex.fail("upstream_error", result.error)
-    await record()
+        draft.fail(err.error_class, f"the upstream stream broke: {err.message}")
+    except ConnectionError:  # a write to a client that left
+        _client_left(draft)
+    except asyncio.CancelledError:  # aiohttp cancels the handler of a client that left
+        _client_left(draft)
+        raise
+    finally:
+        # Also when the handler is cancelled (the client hung up): the part of the reply that was
+        # said is kept, marked incomplete.
+        result = assembler.result()
+        draft.response, draft.stream_complete = result.body, result.complete
+        if raw is not None:
+            draft.raw_sse = b"".join(raw)
+        if result.error is not None:
+            draft.fail("upstream_error", result.error)
+    await flow.deliver()  # before the end of the response, so that `--sync` commits first
     if upstream_broke and request.transport is not None:
         # Pass the break on: a clean end would read as a complete (if short) answer to SDKs that do
         # not check for the final event (the openai SDK ends such a stream silently).
         request.transport.abort()
-    elif not ex.client_disconnected:
+    elif not draft.client_disconnected:
         try:
             await response.write_eof()
         except ConnectionError:
-            ex.client_disconnected = True
+            pass  # the client left after the last chunk; the record already holds all of it
     return response
 
 
-def _local_models(ctx: ProxyContext, model_id: str | None) -> web.Response:
-    """GET /v1/models when the upstream has none (AReaL: areal-proxy-protocol.md §1.1), from --model.
-
-    One body satisfies both SDKs: OpenAI's `{"object": "list", "data": [...]}` and Anthropic's
-    `{"data": [...], "has_more", "first_id", "last_id"}` (agent-clients.md, "Other endpoints").
-    """
-    names = [ctx.config.model] if ctx.config.model else []
-    cards = [
-        {
-            "id": name,
-            "object": "model",
-            "type": "model",
-            "display_name": name,
-            "created": int(ctx.started),
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ctx.started)),
-            "owned_by": "modeltap",
-        }
-        for name in names
-    ]
-    if model_id is not None:
-        card = next((c for c in cards if c["id"] == model_id), None)
-        if card is None:
-            raise NotFound(
-                f"no model {model_id!r} here; modeltap serves {names or 'no model (give --model)'}"
-            )
-        return web.json_response(card)
-    first, last = (cards[0]["id"], cards[-1]["id"]) if cards else (None, None)
-    return web.json_response(
-        {"object": "list", "data": cards, "has_more": False, "first_id": first, "last_id": last}
-    )
+def _client_left(draft: ExchangeDraft) -> None:
+    draft.client_disconnected = True
+    draft.fail("client_disconnect", "the client closed the connection mid-stream")
 
 
-def _error_response(err: ProxyError, dialect: Dialect, ex: Exchange) -> web.Response:
+def _error_response(flow: _Flow, err: ProxyError) -> web.Response:
     """A proxy-made error in the client's dialect, noted on the record."""
-    ex.status = err.status
-    ex.fail(err.error_class, err.message)
-    body = error_bytes(err, dialect is Dialect.ANTHROPIC)
-    ex.response = json.loads(body)
+    draft = flow.draft
+    draft.status = err.status
+    draft.fail(err.error_class, err.message)
+    body = error_bytes(err, flow.dialect)
+    draft.response = json.loads(body)
     return web.Response(status=err.status, body=body, content_type="application/json")
+
+
+def _unexpected(flow: _Flow, exc: Exception) -> web.StreamResponse:
+    """The answer to an exception no stage expected: a 500 in the client's shape, or, once a stream
+    has begun and its status is sent, the connection cut so the client sees the break."""
+    err = InternalError(f"modeltap failed on this request ({type(exc).__name__}: {exc}); see the serve log")
+    if flow.stream is None or not flow.stream.prepared:
+        return _error_response(flow, err)
+    flow.draft.fail(err.error_class, err.message)
+    if flow.request.transport is not None:
+        flow.request.transport.abort()
+    return flow.stream

@@ -1,10 +1,11 @@
 """build_app(config) -> aiohttp Application, and Proxy: the app started and stopped in-process.
 
 Owns: the app's routes and lifecycle (the store and the upstream pools start with the app and close
-with it, in `cleanup_ctx`), binding, and the base URLs a host process and a container should use.
+with it, in `cleanup_ctx`), its observers in order (the record store first, then `--observer` ones,
+then those given in process), binding, and the base URLs a host process and a container should use.
 Does not own: what happens to one request (relay.py).
 
-    async with Proxy(ProxyConfig(upstream="http://127.0.0.1:8000", port=0)) as proxy:
+    async with Proxy(ProxyConfig(upstream="http://127.0.0.1:8000", port=0), observers=[printer]) as proxy:
         session = proxy.sessions.open(upstream_key="sk-...", labels={"task_id": "t1"})
         print(session.host_base_url + "/v1")
 """
@@ -16,16 +17,17 @@ import contextlib
 import enum
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from modeltap.proxy import admin, network, relay
+from modeltap.proxy import admin, network, observers, relay
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
+from modeltap.records.exchange import SessionEvent
 from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
@@ -69,20 +71,28 @@ class _DropRequestEcho(logging.Filter):
 _HTTP_LOG.addFilter(_DropRequestEcho())
 
 
-def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.Application:
+def build_app(
+    config: ProxyConfig, base_urls: BaseUrls | None = None, extra_observers: Sequence[object] = ()
+) -> web.Application:
     """The proxy as an aiohttp Application. `base_urls` returns (host URL, container URL or None) for
-    session URLs; by default they are derived from the configured host and port."""
-    store = RecordStore(config.store_path, keep_raw_sse=config.keep_raw_sse)
+    session URLs; by default they are derived from the configured host and port. The observers are
+    the record store, then those `config.observers` names, then `extra_observers`."""
+    store = RecordStore(config.store_path, keep_raw_sse=config.keep_raw_sse, sync=config.sync)
+    seam = observers.Observers(
+        [store, *(observers.load(spec) for spec in config.observers), *extra_observers]
+    )
 
     def session_changed(session: Session, closed: bool) -> None:
-        store.record_session(session.id, session.labels, session.upstream, closed=closed)
+        seam.session(
+            SessionEvent("closed" if closed else "opened", session.id, dict(session.labels), session.upstream)
+        )
 
     sessions = SessionRegistry(
         base_urls or (lambda: _base_urls(config.host, config.port)),
         session_changed,
         ttl_s=config.session_ttl_s,
     )
-    ctx = ProxyContext(config, sessions, store, loopback_only=network.is_loopback(config.host))
+    ctx = ProxyContext(config, sessions, store, seam, loopback_only=network.is_loopback(config.host))
     if config.admin_key:
         ctx.admin_key = config.admin_key
     # Agents paste whole files into prompts: aiohttp's 1 MiB default would answer them 413.
@@ -91,7 +101,7 @@ def build_app(config: ProxyConfig, base_urls: BaseUrls | None = None) -> web.App
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/_modeltap/health", _health)
     admin.add_routes(app)
-    # Connectivity checks (Claude Code's HEAD /api/hello: agent-clients.md) just need an answer.
+    # Connectivity checks (Claude Code's HEAD /api/hello: docs/agents.md §2) just need an answer.
     app.router.add_route("HEAD", _EVERY_PATH, _head)
     app.router.add_route("*", _EVERY_PATH, relay.handle)
     return app
@@ -156,7 +166,12 @@ async def _health(request: web.Request) -> web.Response:
     which are the admin API's business."""
     ctx = request.app[CONTEXT]
     return web.json_response(
-        {"status": "ok", "records_written": ctx.store.written, "record_failures": ctx.store.failures}
+        {
+            "status": "ok",
+            "records_written": ctx.store.written,
+            "record_failures": ctx.store.failures,
+            "observer_failures": ctx.observers.failures,
+        }
     )
 
 
@@ -183,8 +198,11 @@ class Proxy:
     A second start raises; a second stop does nothing; a start that fails halfway unwinds.
     """
 
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, observers: Sequence[object] = ()) -> None:
+        """`observers` see every exchange after the record store and any `config.observers`
+        (modeltap.proxy.observers says what an observer is)."""
         self.config = config
+        self._observers = tuple(observers)
         self.port: int | None = None
         self._state = _State.NEW
         self._stack = contextlib.AsyncExitStack()
@@ -196,7 +214,7 @@ class Proxy:
             raise RuntimeError(f"a Proxy starts once (it is {self._state.value})")
         self._state = _State.RUNNING
         async with contextlib.AsyncExitStack() as stack:
-            self._app = build_app(self.config, self._base_urls)
+            self._app = build_app(self.config, self._base_urls, self._observers)
             runner = web.AppRunner(
                 self._app,
                 handler_cancellation=True,

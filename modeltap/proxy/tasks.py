@@ -1,8 +1,8 @@
-"""Named, owned background tasks.
+"""Named, owned background tasks, and waiting through a cancellation.
 
 The event loop keeps only weak references to tasks, so a task nobody holds can vanish mid-run; and an
 unnamed task is anonymous in every traceback. `TaskGroup`-like owners here hold their tasks, name
-them, and cancel and await them on close (STYLE §11). Lint bans bare `asyncio.create_task`.
+them, and cancel and await them on close. Lint bans bare `asyncio.create_task`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Tasks:
@@ -47,3 +49,24 @@ class Tasks:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+async def finish(future: asyncio.Future[T]) -> T:
+    """Await `future` to its end even if the caller is cancelled meanwhile, then re-raise the cancel.
+
+    For work that must not be abandoned half way: a container removal left half done is the stray
+    that cancellation must not leave, and a run torn down must be waited for before its caller moves
+    on. `future` must have an owner that completes it (a thread, a task held by `Tasks`).
+    """
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(future)
+            break
+        except asyncio.CancelledError:
+            if future.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

@@ -1,12 +1,13 @@
 """Exact prompt counting: how many tokens the served model sees for a request body.
 
-Owns: rendering a chat, completions, responses or Anthropic messages body with the tokenizer's own
-chat template, after the backend's normalisation (compat/prompts.py), and counting its tokens fast and
-exactly. Does not own: the limits or what to do when a prompt does not fit (budget.py), nor running
-the count off the event loop (budget.py calls `count` through `asyncio.to_thread`).
+Owns: rendering a request's prompt (as its dialect extracts it) with the tokenizer's own chat
+template, after the backend's normalisation (compat/prompts.py), and counting its tokens fast and
+exactly. Does not own: what a format's prompt is (modeltap.dialects), the limits or what to do when a
+prompt does not fit (budget.py), nor running the count off the event loop (budget.py calls `count`
+through `asyncio.to_thread`).
 
-How a count is made (shared/reference/token-budgets.md §5):
-1. the body is normalised the way the backend does it (compat/prompts.py) and rendered with
+How a count is made (docs/token-budgets.md §5):
+1. the prompt is normalised the way the backend does it (compat/prompts.py) and rendered with
    `apply_chat_template(..., tokenize=False)`, the render every server does too and most of a
    cached count's cost;
 2. the text is split at the tokenizer's added tokens (`<|im_start|>`, `<tool_call>`, ...), which every
@@ -33,21 +34,15 @@ from typing import TYPE_CHECKING, Any, cast
 import jinja2
 import tiktoken
 
-from modeltap.compat.prompts import (
-    anthropic_prompt,
-    normalise_message,
-    responses_messages,
-    typed_messages,
-    typed_tools,
-)
-from modeltap.proxy.routes import Endpoint
+from modeltap.compat.prompts import normalise_message
+from modeltap.dialects.base import Dialect, TextPrompt
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
-# A full encode costs about 2 µs per token here (token-budgets.md §5.3): checking the first requests
+# A full encode costs about 2 µs per token here (docs/token-budgets.md §5.3): checking the first requests
 # catches a tokenizer the fast path cannot reproduce before it decides anything that matters, and one
 # request in 128 after keeps checking at well under 1% of the cost of counting without the cache.
 VERIFY_FIRST_REQUESTS = 16
@@ -109,7 +104,7 @@ class TokenCounter:
     """Counts a request's prompt tokens exactly as the served model does.
 
     >>> counter = TokenCounter.load("/models/qwen2.5", {"enable_thinking": False})
-    >>> counter.count(Endpoint.CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    >>> counter.count(dialects.named("chat"), {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     13
 
     Thread-safe: `count` may run in several worker threads at once.
@@ -129,7 +124,7 @@ class TokenCounter:
         """Use `load` unless the tokenizer is already in memory.
 
         `request_template_kwargs=False` ignores a request's own `chat_template_kwargs`: AReaL drops
-        that field (areal-proxy-protocol.md §1.1), so against AReaL only the configured kwargs
+        that field (docs/areal.md §1.1), so against AReaL only the configured kwargs
         describe what the server renders. `openai_typed_chat=True` counts a chat body as AReaL's
         proxy sees it after validating it against the openai SDK's types: message fields the types do
         not declare (such as `reasoning_content`) dropped, and tool definitions in the types' key
@@ -206,45 +201,32 @@ class TokenCounter:
                 cached_chars=self._cached_chars,
             )
 
-    def count(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
-        """Prompt tokens of `body` sent to `endpoint`, as the served model counts them.
+    def count(self, dialect: Dialect, body: dict[str, Any]) -> int:
+        """Prompt tokens of `body`, a request of `dialect`, as the served model counts them.
 
         Blocking (milliseconds on a cache hit, a full encode on a verification): call it off the
         event loop. Raises CountError when the body cannot be rendered.
         """
-        if endpoint is Endpoint.COMPLETIONS:
-            return self._count_completion_prompt(body.get("prompt"))
         try:
-            messages, tools, request_kwargs = self._prompt(endpoint, body)
-            kwargs = {**self._template_kwargs, **(request_kwargs if self._request_template_kwargs else {})}
+            prompt = dialect.prompt(body, openai_typed=self._openai_typed_chat)
+            if isinstance(prompt, TextPrompt):
+                return self._count_completion_prompt(prompt.prompt)
+            messages = [normalise_message(m, self._string_content) for m in prompt.messages]
+            request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
+            kwargs = {**self._template_kwargs, **request_kwargs}
             kwargs = {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
             text = self._tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+                messages, tools=prompt.tools, add_generation_prompt=True, tokenize=False, **kwargs
             )
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise CountError(f"cannot render the prompt of this {endpoint.value} request: {exc}") from exc
+            if isinstance(exc, CountError):
+                raise
+            raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
         # The template writes BOS itself where the model has one, so the rendered text is encoded
-        # without special tokens (token-budgets.md §5.1 step 3, §5.2 "Double BOS"). One conversation
-        # with tokenize=False renders one str: transformers types the result as every mode's union.
+        # without special tokens (docs/token-budgets.md §5.1 step 3, §5.2 "Double BOS"). One
+        # conversation with tokenize=False renders one str: transformers types the result as every
+        # mode's union.
         return self._count_text(cast(str, text), add_special_tokens=False)
-
-    def _prompt(
-        self, endpoint: Endpoint, body: dict[str, Any]
-    ) -> tuple[list[dict[str, Any]], list[Any] | None, dict[str, Any]]:
-        """(messages, tools, the request's template kwargs) for one body."""
-        if endpoint is Endpoint.CHAT and self._openai_typed_chat:
-            messages, tools = typed_messages(body["messages"]), typed_tools(body.get("tools"))
-        elif endpoint is Endpoint.CHAT:
-            messages, tools = body["messages"], body.get("tools")
-        elif endpoint is Endpoint.RESPONSES:
-            messages, tools = responses_messages(body), body.get("tools")
-        elif endpoint in (Endpoint.MESSAGES, Endpoint.COUNT_TOKENS):
-            messages, tools = anthropic_prompt(body)
-        else:
-            raise ValueError(f"{endpoint.value} has no prompt to count")
-        kwargs = body.get("chat_template_kwargs")
-        normalised = [normalise_message(m, self._string_content) for m in messages]
-        return normalised, (list(tools) if tools else None), (kwargs if isinstance(kwargs, dict) else {})
 
     def _count_completion_prompt(self, prompt: Any) -> int:
         """Legacy completions: the prompt is text or token ids, or a batch of either; a batch is

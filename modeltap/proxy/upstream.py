@@ -17,8 +17,8 @@ from typing import Any, Literal
 import aiohttp
 
 from modeltap.compat.layouts import Layout, is_route_level_404, upstream_paths
+from modeltap.dialects.base import Dialect
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
-from modeltap.proxy.routes import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -65,30 +65,36 @@ class Upstream:
         self.auto_first = auto_first
         self._client = client
         self._has_v1 = self.base_url.endswith("/v1")
-        self._chosen: dict[Endpoint, str] = {}
+        self._chosen: dict[str, str] = {}
 
-    def candidates(self, endpoint: Endpoint) -> list[str]:
-        """Upstream paths to try, the one that worked before first."""
-        paths = upstream_paths(self.layout, endpoint.value, self._has_v1, self.auto_first)
-        known = self._chosen.get(endpoint)
+    def candidates(self, dialect: Dialect) -> list[str]:
+        """Upstream paths to try for a format, the one that worked before first."""
+        paths = upstream_paths(
+            self.layout,
+            dialect.route,
+            areal_v1=dialect.areal_v1,
+            base_has_v1=self._has_v1,
+            auto_first=self.auto_first,
+        )
+        known = self._chosen.get(dialect.name)
         return [known] if known in paths else paths
 
     async def send(
         self,
-        endpoint: Endpoint,
+        dialect: Dialect,
         method: str,
         query: str,
         headers: Mapping[str, str],
         body: bytes | None,
         suffix: str = "",
     ) -> Reply:
-        """Send one request and return the response, its headers read. `suffix` extends the
-        endpoint's path (`/MODEL_ID` for `GET /v1/models/{id}`).
+        """Send one request and return the response, its headers read. `suffix` extends the format's
+        path (`/MODEL_ID` for `GET /v1/models/{id}`).
 
         Raises NotFound when every candidate path answered a route-level 404, and the mapped
         ProxyError when the upstream cannot be reached.
         """
-        paths = self.candidates(endpoint)
+        paths = self.candidates(dialect)
         for path in paths:
             url = self.base_url + path + suffix + (f"?{query}" if query else "")
             try:
@@ -96,14 +102,14 @@ class Upstream:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise map_client_error(exc, url) from exc
             if response.status != 404:
-                self._chosen.setdefault(endpoint, path)
+                self._chosen.setdefault(dialect.name, path)
                 return Reply(response, url, path)
             head = await self.read(response, limit=ROUTE_404_MAX_BYTES)
             if not is_route_level_404(404, head):
                 return Reply(response, url, path, head)  # the API's own 404, e.g. model_not_found
             log.debug("upstream %s has no route %s", self.base_url, path)
         tried = ", ".join(paths)
-        raise NotFound(f"the upstream {self.base_url} does not serve {endpoint.value} (tried {tried})")
+        raise NotFound(f"the upstream {self.base_url} does not serve {dialect.name} (tried {tried})")
 
     @property
     def areal_like(self) -> bool:

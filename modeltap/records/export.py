@@ -2,8 +2,8 @@
 
 Owns: `modeltap export` (`har`, `jsonl`, `messages`). Streamed responses go into the HAR as their
 events (streams.py), where mitmproxy's HAR keeps no body at all for a streamed response
-(shared/reference/peer-proxies.md §8.2). Does not own: reading the store (store.py), re-synthesising
-streams (streams.py) or turn views (view.py).
+(docs/peers.md §8.2). Does not own: reading the store (store.py), a format's conversion to chat (its
+dialect), synthesising streams (streams.py) or turn views (view.py).
 
     with StoreReader(path) as reader:
         write_export(reader, "s-3f2a", "har", sys.stdout)
@@ -18,7 +18,7 @@ from http import HTTPStatus
 from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlsplit
 
-from modeltap import __version__
+from modeltap import __version__, dialects
 from modeltap.records.store import StoreReader
 from modeltap.records.streams import stream_events
 
@@ -29,8 +29,6 @@ JSONL_FORMAT_VERSION = 1
 # The host of a HAR entry that never reached an upstream (a budget refusal, an unknown route). HAR
 # needs an absolute URL; `.invalid` is reserved never to resolve (RFC 2606).
 LOCAL_ORIGIN = "http://modeltap.invalid"
-# The endpoints whose exchanges hold a conversation (`messages` export, per-dialect streams).
-CONVERSATIONS = ("chat", "messages", "responses")
 
 
 def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) -> None:
@@ -76,7 +74,9 @@ def har(reader: StoreReader, session_id: str) -> dict[str, Any]:
 def _har_entry(
     ex: dict[str, Any], number: int, page: str, raw_sse: Callable[[str], bytes | None]
 ) -> dict[str, Any]:
-    streamed = ex["streamed"] and ex["endpoint"] in CONVERSATIONS and ex.get("response") is not None
+    streamed = (
+        ex["streamed"] and dialects.of_record(ex["endpoint"]).streams and ex.get("response") is not None
+    )
     raw = raw_sse(ex["id"]) if streamed else None
     wait = _span(ex["started"], ex["first_byte"])
     receive = _span(ex["first_byte"], ex["ended"])
@@ -168,14 +168,13 @@ def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     The final conversation is the last successful exchange that offered tools, else the last
     successful one: agents interleave tool-less side requests (opencode's title, a compaction
-    summary: agent-clients.md) with their main loop, and those are not the conversation. Its request
-    history is followed by its reply. Anthropic Messages and Responses conversations are translated;
-    a Responses request chained by `previous_response_id` gets its earlier turns from the session.
+    summary: docs/agents.md §1) with their main loop, and those are not the conversation. Its request
+    history is followed by its reply, converted to chat by its format's dialect.
     """
     done = [
         ex
         for ex in exchanges
-        if ex["endpoint"] in CONVERSATIONS
+        if dialects.of_record(ex["endpoint"]).history_field is not None
         and ex["status"] == 200
         and isinstance(ex.get("request"), dict)
         and isinstance(ex.get("response"), dict)
@@ -183,139 +182,15 @@ def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not done:
         raise ValueError("the session has no successful chat, messages or responses exchange to export")
     final = ([ex for ex in done if ex["request"].get("tools")] or done)[-1]
-    request, response = final["request"], final["response"]
-    if final["endpoint"] == "chat":
-        choices = response.get("choices") or [{}]
-        reply = {k: v for k, v in (choices[0].get("message") or {}).items() if v is not None}
-        messages = [*request.get("messages", []), {"role": "assistant", **reply}]
-        tools = list(request.get("tools") or [])
-    elif final["endpoint"] == "messages":
-        history = [*request.get("messages", []), {"role": "assistant", "content": response.get("content")}]
-        messages = _from_anthropic(request.get("system"), history)
-        tools = [
-            _function(t.get("name"), t.get("description"), t.get("input_schema"))
-            for t in _tools(request, "input_schema")
-        ]
-    else:
-        items = [*_responses_history(done, final), *(response.get("output") or [])]
-        messages = _from_responses(request.get("instructions"), items)
-        tools = [
-            _function(t.get("name"), t.get("description"), t.get("parameters"))
-            for t in _tools(request, "parameters")
-        ]
-    return {"messages": messages, "tools": tools} if tools else {"messages": messages}
-
-
-def _tools(request: dict[str, Any], schema_key: str) -> list[dict[str, Any]]:
-    """Function tools only: server-side tools (web search, code execution) have no schema to train on."""
-    return [
-        t for t in request.get("tools") or [] if isinstance(t, dict) and t.get("name") and schema_key in t
+    earlier = [
+        (ex["request"], ex["response"])
+        for ex in done
+        if ex is not final and ex["endpoint"] == final["endpoint"]
     ]
-
-
-def _function(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
-    function = {"name": name, "description": description, "parameters": parameters}
-    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
-
-
-def _call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def _text(content: Any, joiner: str = "\n") -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return joiner.join(
-            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
-        )
-    return ""
-
-
-def _from_anthropic(system: Any, messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """Anthropic messages as OpenAI chat messages: text blocks joined, `tool_use` as `tool_calls`,
-    `tool_result` as `role: tool` messages placed first, `thinking` as `reasoning_content`."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": _text(system)}] if system else []
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        role, content = message.get("role"), message.get("content")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        texts, calls, thinking = [], [], []
-        for block in content if isinstance(content, list) else []:
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind == "text":
-                texts.append(block.get("text") or "")
-            elif kind == "tool_use":
-                calls.append(_call(block.get("id"), block.get("name"), block.get("input")))
-            elif kind == "tool_result":
-                result = {
-                    "role": "tool",
-                    "tool_call_id": block.get("tool_use_id"),
-                    "content": _text(block.get("content")),
-                }
-                out.append(result)
-            elif kind == "thinking":
-                thinking.append(block.get("thinking") or "")
-        if texts or calls or thinking:
-            converted: dict[str, Any] = {"role": role, "content": "".join(texts) if texts else None}
-            if calls:
-                converted["tool_calls"] = calls
-            if thinking:
-                converted["reasoning_content"] = "".join(thinking)
-            out.append(converted)
-    return out
-
-
-def _responses_history(done: Sequence[dict[str, Any]], final: dict[str, Any]) -> list[Any]:
-    """The input items of `final`, preceded by its chain of `previous_response_id` turns."""
-    by_id = {ex["response"].get("id"): ex for ex in done}
-    chain: list[Any] = _items(final["request"].get("input"))
-    seen = {id(final)}
-    previous = by_id.get(final["request"].get("previous_response_id"))
-    while previous is not None and id(previous) not in seen:
-        seen.add(id(previous))
-        chain = [
-            *_items(previous["request"].get("input")),
-            *(previous["response"].get("output") or []),
-            *chain,
-        ]
-        previous = by_id.get(previous["request"].get("previous_response_id"))
-    return chain
-
-
-def _items(value: Any) -> list[Any]:
-    return [{"role": "user", "content": value}] if isinstance(value, str) else list(value or [])
-
-
-def _from_responses(instructions: Any, items: Sequence[Any]) -> list[dict[str, Any]]:
-    """Responses input and output items as OpenAI chat messages: message items by role, function
-    calls gathered onto the assistant message they follow, their outputs as `role: tool`."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
-    for item in items:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type", "message")
-        if kind == "function_call":
-            call = _call(item.get("call_id"), item.get("name"), item.get("arguments"))
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            out.append(
-                {"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(item.get("output"))}
-            )
-        elif kind == "message" and item.get("role"):
-            out.append({"role": item["role"], "content": _text(item.get("content"), "")})
-    return out
-
-
-# -- streams ------------------------------------------------------------------------------------
+    chat = dialects.of_record(final["endpoint"]).conversation(final["request"], final["response"], earlier)
+    if chat is None:
+        raise ValueError(f"{final['endpoint']} exchanges hold no conversation to export")
+    return {"messages": chat.messages, "tools": chat.tools} if chat.tools else {"messages": chat.messages}
 
 
 def _iso(ts: float) -> str:

@@ -8,7 +8,7 @@ and the upstream's path layout, streams and errors are handled once, in proxy/; 
 stream formats (export.py) or turn views (view.py).
 
 Mock matching is keyed on the session's turns, not on exact bytes as mitmproxy's replay is (agent
-requests change every run: shared/reference/peer-proxies.md §8.3). A request gets the first not yet
+requests change every run: docs/peers.md §8.3). A request gets the first not yet
 served recorded exchange on its path whose body matches exactly (a hash of the body less its transport
 fields); failing that, with a session, the next not yet served exchange on its path in turn order,
 preferring one of the same kind (same model and tools). Exact matches and kinds come first so that a
@@ -26,7 +26,6 @@ import asyncio
 import difflib
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,29 +34,22 @@ from typing import Any
 import aiohttp
 from aiohttp import hdrs, web
 
-from modeltap.records.export import CONVERSATIONS
+from modeltap import dialects
+from modeltap.dialects.base import ApiError, route_suffix
 from modeltap.records.store import StoreReader
 from modeltap.records.streams import stream_events
 from modeltap.records.view import turn_record
 
 # Request fields that say how to deliver an answer or who asks, not what is asked: a mock matches
 # bodies without them. Claude Code's `metadata.user_id` holds its run's session id
-# (shared/reference/agent-clients.md), so it differs on every run.
+# (docs/agents.md §2), so it differs on every run.
 VOLATILE_FIELDS = frozenset({"stream", "stream_options", "metadata"})
 # What says which kind of request a body is, for turn order: see `shape_digest`.
 SHAPE_FIELDS = ("model", "tools")
-# The Anthropic API requires a version header; records keep no headers but the user agent, so a
-# replay sends the version Claude Code sends (agent-clients.md).
-ANTHROPIC_VERSION = "2023-06-01"
 # A replayed turn may be a long generation; the proxy in between has its own timeouts.
 REPLAY_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10)
 # The fields a replay compares, in the order it shows them.
 COMPARED = ("status", "finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "content")
-# Recorded agent transcripts can be long; the mock accepts what modeltap itself accepts by default
-# (ProxyConfig's 64 MiB: agents paste whole files, and aiohttp's 1 MiB default would answer them 413).
-MOCK_MAX_BODY_BYTES = 64 * 1024 * 1024
-# A session-scoped path as recorded: `/s/…/v1/chat/completions` (the token is masked in records).
-_SESSION_PREFIX = re.compile(r"^/s/[^/]+")
 
 
 # -- replay ---------------------------------------------------------------------------------------
@@ -103,15 +95,24 @@ async def _resend(client: aiohttp.ClientSession, base_url: str, ex: dict[str, An
     headers: dict[str, str] = {hdrs.CONTENT_TYPE: "application/json"}
     if ex["user_agent"]:
         headers[hdrs.USER_AGENT] = ex["user_agent"]
-    if ex["endpoint"] in ("messages", "count_tokens"):
-        headers["anthropic-version"] = ANTHROPIC_VERSION
+    # Records keep no headers but the user agent: the format's own (Anthropic's version) are added.
+    headers.update(dialects.of_record(ex["endpoint"]).request_headers)
     if request is None:
         data = None
     else:
         data = (request if isinstance(request, str) else json.dumps(request, ensure_ascii=False)).encode()
-    url = base_url.rstrip("/") + _SESSION_PREFIX.sub("", ex["path"])
+    url = base_url.rstrip("/") + _without_session(ex["path"])
     async with client.request(ex["method"], url, data=data, headers=headers) as response:
         await response.read()
+
+
+def _without_session(path: str) -> str:
+    """A recorded path without its session prefix (`/s/…/v1/chat/completions`: tokens are masked in
+    records), its query kept."""
+    if not path.startswith("/s/"):
+        return path
+    rest = path[3:].partition("/")[2]
+    return "/" + rest
 
 
 def _last_seq(store: Path | str, session: str) -> int:
@@ -257,12 +258,12 @@ def load_mock(store: Path | str, *, session: str | None = None, realtime: bool =
 
 
 def route_key(path: str) -> str:
-    """The endpoint part of a path: no session prefix, no `/v1` (however many), no query, so
-    `/s/…/v1/chat/completions` and `/chat/completions` name the same route (as modeltap routes them)."""
-    rest = _SESSION_PREFIX.sub("", path.split("?", 1)[0]).strip("/")
-    while rest == "v1" or rest.startswith("v1/"):
-        rest = rest[3:]
-    return rest
+    """The route of a path, as modeltap routes it: `/s/…/v1/chat/completions` and `/chat/completions`
+    name the same route."""
+    path = path.split("?", 1)[0]
+    if path.startswith("/s/"):
+        path = _without_session(path)
+    return route_suffix(path)[1]
 
 
 def body_digest(body: Any) -> str:
@@ -283,10 +284,11 @@ def shape_digest(body: Any) -> str:
 _MOCK = web.AppKey("mock", Mock)
 
 
-def mock_app(mock: Mock) -> web.Application:
+def mock_app(mock: Mock, max_body_bytes: int) -> web.Application:
     """The mock as an aiohttp app: every path modeltap relays, plus `GET /_modeltap/mock` (what was
-    served) and `POST /_modeltap/mock/reset`."""
-    app = web.Application(client_max_size=MOCK_MAX_BODY_BYTES)
+    served) and `POST /_modeltap/mock/reset`. It accepts bodies up to `max_body_bytes`, as a proxy
+    does (recorded agent transcripts are long)."""
+    app = web.Application(client_max_size=max_body_bytes)
     app[_MOCK] = mock
     app.router.add_get("/_modeltap/mock", _status)
     app.router.add_post("/_modeltap/mock/reset", _reset)
@@ -326,7 +328,8 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     headers = {"x-modeltap-mock-turn": str(entry.number), "x-modeltap-mock-exchange": ex["id"]}
     status = ex["status"] or 502
     wants_stream = isinstance(body, dict) and body.get("stream") is True
-    if wants_stream and status == 200 and ex["endpoint"] in CONVERSATIONS and ex.get("response") is not None:
+    streams = dialects.of_record(ex["endpoint"]).streams
+    if wants_stream and status == 200 and streams and ex.get("response") is not None:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         events = stream_events(ex, entry.raw_sse, include_usage=include_usage)
         return await _stream(request, events, headers, ex if mock.realtime else None)
@@ -360,14 +363,5 @@ def _no_match(request: web.Request, recorded: int) -> web.Response:
         f"modeltap mock: no recorded exchange answers {request.method} {request.path} "
         f"({recorded} recorded; without --session only exact bodies match)"
     )
-    if route_key(request.path).startswith("messages"):
-        return web.json_response(
-            {"type": "error", "error": {"type": "not_found_error", "message": message}}, status=404
-        )
-    error = {
-        "message": message,
-        "type": "invalid_request_error",
-        "param": None,
-        "code": "no_recorded_exchange",
-    }
-    return web.json_response({"error": error}, status=404)
+    error = ApiError(message, anthropic_type="not_found_error", code="no_recorded_exchange")
+    return web.json_response(dialects.for_error(request.path).error_body(error), status=404)

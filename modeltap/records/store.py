@@ -3,19 +3,22 @@
 Owns: the schema and its migrations (`PRAGMA user_version`), the writer thread and its bounded queue,
 content-addressed compressed bodies, and the reader API. `sqlite3` is imported here and nowhere else.
 
-Writes never block the event loop: `RecordStore.submit` awaits only a free slot in the queue
-(back-pressure, never a blocking put and never a silent drop); the thread serialises, hashes,
-compresses and commits in batches. A failed write is logged as an error and counted.
+The store is the proxy's first observer (modeltap.proxy.observers): `on_exchange` queues an exchange
+at once and returns, when the queue is over its size, an awaitable that waits for room (back-pressure,
+never a blocking put and never a silent drop; a record queued is never lost to a client that hangs up
+while waiting). The thread serialises, hashes, compresses and commits in batches. A failed write is
+logged as an error and counted.
 
 Bodies are stored so that a long session costs about its final size, not the sum of its turns: each
-element of a request's `messages` / `input`, and its `tools` and `system`, is a blob keyed by a
-128-bit BLAKE2b digest of its JSON. A list that extends the session's previous list is stored as a
-node `{"prev": <previous node>, "add": [<hashes of the new elements>]}`, so a turn costs its new
-messages plus a few references, not references to its whole history.
+element of a request's history (the dialect's `history_field`: `messages`, `input`) and its context
+fields (`tools`, `system`, `instructions`) is a blob keyed by a 128-bit BLAKE2b digest of its JSON.
+A list that extends the session's previous list is stored as a node `{"prev": <previous node>, "add":
+[<hashes of the new elements>]}`, so a turn costs its new messages plus a few references, not
+references to its whole history.
 
     store = RecordStore(".modeltap/records.db")
     store.start()
-    await store.submit(exchange)          # on the event loop: awaits only a free slot
+    await store.submit(exchange)          # on the event loop: waits only for room
     await store.close()
     StoreReader(".modeltap/records.db").sessions()
 """
@@ -31,16 +34,15 @@ import logging
 import queue
 import sqlite3
 import threading
-import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modeltap.records.exchange import Exchange
-from modeltap.records.summary import summarize
+from modeltap import dialects
+from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, Exchange, SessionEvent
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +54,10 @@ BATCH_MAX = 256
 # Hashes of blobs known to be stored, kept in memory so an unchanged message is neither compressed
 # nor re-sent to SQLite on every turn. 64k hashes is ~6 MB.
 KNOWN_BLOBS_MAX = 65536
-# A response that is not a JSON object (an HTML error page, plain text) is kept up to this size.
-RESPONSE_TEXT_MAX_CHARS = 16 * 1024
 # Sessions whose latest message list the writer remembers, to store the next turn as an extension.
 LAST_LISTS_MAX = 4096
 # How long close() waits for the writer to drain before saying so.
 CLOSE_TIMEOUT_S = 30.0
-# Request fields whose elements (lists) or whole values (others) are stored as shared blobs.
-_LIST_FIELDS = ("messages", "input")
-_WHOLE_FIELDS = ("tools", "system", "instructions")
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: sessions, exchanges, content-addressed blobs
@@ -180,11 +177,20 @@ _Item = tuple[Exchange | _SessionRow, asyncio.AbstractEventLoop | None, "asyncio
 
 
 class RecordStore:
-    """The single writer of one records database. Not started → running → closed."""
+    """The single writer of one records database, and an observer of sessions and exchanges. Not
+    started → running → closed. With `sync`, an exchange's wait lasts until it is committed."""
 
-    def __init__(self, path: Path | str, *, keep_raw_sse: bool = False, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        keep_raw_sse: bool = False,
+        sync: bool = False,
+        queue_size: int = QUEUE_SIZE,
+    ) -> None:
         self.path = Path(path)
         self.keep_raw_sse = keep_raw_sse
+        self.sync = sync
         self.written = 0
         self.failures = 0
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
@@ -210,36 +216,51 @@ class RecordStore:
         self._thread = threading.Thread(target=self._run, args=(conn,), name="modeltap-store", daemon=True)
         self._thread.start()
 
-    def record_session(
-        self, session_id: str, labels: dict[str, str], upstream: str | None, *, closed: bool = False
-    ) -> None:
+    def on_session(self, event: SessionEvent) -> None:
         """Record a session's opening (or closing), so it is listed even before its first exchange.
-        Thread-safe and non-blocking: sessions open rarely, so they bypass the back-pressure slots."""
+        Non-blocking: sessions open rarely, so they bypass the back-pressure slots."""
         if self._closed or self._thread is None:
             raise StoreClosed("the record store is not running")
-        now = time.time()
-        self._queue.put((_SessionRow(session_id, labels, upstream, now, now if closed else None), None, None))
+        closed = event.at if event.kind == "closed" else None
+        self._queue.put(
+            (_SessionRow(event.session_id, event.labels, event.upstream, event.at, closed), None, None)
+        )
+
+    def on_exchange(self, exchange: Exchange) -> Awaitable[None] | None:
+        """Queue `exchange` at once; return what the relay waits for: room in the queue when it is
+        over its size, or with `sync` the commit. None when there is nothing to wait for."""
+        return self._enqueue(exchange, wait=self.sync)
 
     async def submit(self, exchange: Exchange, *, wait: bool = False) -> None:
-        """Queue `exchange` for writing. Awaits a free slot when the queue is full; with `wait`, also
-        awaits the commit."""
+        """Queue `exchange` and wait for room; with `wait`, also for the commit."""
+        pending = self._enqueue(exchange, wait=wait)
+        if pending is not None:
+            await pending
+
+    def _enqueue(self, exchange: Exchange, *, wait: bool) -> Awaitable[None] | None:
         if self._closed or self._thread is None:
             raise StoreClosed("the record store is not running")
         loop = asyncio.get_running_loop()
-        while self._submitted - self._finished >= self._queue_size:
+        future = loop.create_future() if wait else None
+        self._submitted += 1
+        self._queue.put((exchange, loop, future))
+        if self._submitted - self._finished > self._queue_size:
+            return self._room_for(loop, future)
+        return future
+
+    async def _room_for(self, loop: asyncio.AbstractEventLoop, commit: asyncio.Future[None] | None) -> None:
+        """Wait until the queue is back within its size (and for `commit`, when given)."""
+        while self._submitted - self._finished > self._queue_size:
             if self._room is None:
                 self._room, self._room_loop = asyncio.Event(), loop
             room = self._room
             # Look again after publishing the event: the writer counts before it looks for a waiter,
             # so one of the two sees the other.
-            if self._submitted - self._finished < self._queue_size:
+            if self._submitted - self._finished <= self._queue_size:
                 break
             await room.wait()
-        self._submitted += 1
-        future = loop.create_future() if wait else None
-        self._queue.put((exchange, loop, future))
-        if future is not None:
-            await future
+        if commit is not None:
+            await commit
 
     async def close(self) -> None:
         """Drain the queue, commit, and stop the writer. Idempotent."""
@@ -331,9 +352,10 @@ class RecordStore:
             return exc
 
     def _write_exchange(self, conn: sqlite3.Connection, ex: Exchange) -> None:
+        dialect = dialects.of_record(ex.endpoint)
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
         response, response_text = _response(ex)
-        summary = summarize(ex.endpoint or "", request, response)
+        summary = dialect.summary(request, response)
         budget = ex.budget or {}
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
         if ex.session_id is not None:
@@ -358,8 +380,8 @@ class RecordStore:
                 ex.first_byte,
                 ex.ended,
                 model,
-                self._pack_request(conn, ex.session_id, request, ex.request),
-                self._pack_request(conn, None, ex.sent, b"") if ex.sent is not None else None,
+                self._pack_request(conn, dialect, ex.session_id, request, ex.request),
+                self._pack_request(conn, dialect, None, ex.sent, b"") if ex.sent is not None else None,
                 _compress_json(response) if response is not None else _compress_text(response_text),
                 zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
                 summary.finish_reason,
@@ -377,7 +399,7 @@ class RecordStore:
         )
 
     def _pack_request(
-        self, conn: sqlite3.Connection, session: str | None, body: Any, raw: bytes
+        self, conn: sqlite3.Connection, dialect: dialects.Dialect, session: str | None, body: Any, raw: bytes
     ) -> bytes | None:
         """The request as a compressed skeleton whose bulky fields are references to shared blobs."""
         if not isinstance(body, dict):
@@ -385,9 +407,9 @@ class RecordStore:
         rest: dict[str, Any] = {}
         refs: dict[str, Any] = {}
         for key, value in body.items():
-            if key in _LIST_FIELDS and isinstance(value, list):
+            if key == dialect.history_field and isinstance(value, list):
                 refs[key] = {"list": self._list(conn, (session, key), [self._blob(conn, e) for e in value])}
-            elif key in _WHOLE_FIELDS and value is not None:
+            elif key in dialect.context_fields and value is not None:
                 refs[key] = self._blob(conn, value)
             else:
                 rest[key] = value

@@ -4,7 +4,7 @@ Owns: turning a session's exchanges into turns, each saying what it added agains
 conversation it continues (new messages, tool calls and their results, the reply, finish reason,
 tokens, timing, budget decision, error), as JSON-ready dicts (`show --json`, `tail --json`, the web
 viewer) and as text (`sessions`, `show`, `tail`); following a records database as it grows (`tail`).
-Does not own: reading the store (store.py), summarising one body (summary.py), export formats
+Does not own: reading the store (store.py), reading one body (its format's dialect), export formats
 (export.py).
 
 A turn is one exchange of the session, numbered from 1 in recording order, so `show S 3`,
@@ -25,12 +25,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from modeltap import dialects
 from modeltap.records.store import SCHEMA_VERSION, StoreReader, connect
-from modeltap.records.summary import new_messages, summarize, tool_call_parse_failure
 
 # How many earlier exchanges a turn is compared with to find the one it continues. Agents interleave
 # side requests with their main thread (opencode's title request, a compaction request, Claude Code's
-# small-model calls: shared/reference/agent-clients.md), so "the previous exchange" is often not the
+# small-model calls: docs/agents.md §1, §2), so "the previous exchange" is often not the
 # previous turn of the conversation; a handful of look-backs finds it.
 LOOKBACK = 16
 # How often `tail` looks for new exchanges: fast enough to feel live, and a poll of an idle WAL
@@ -74,10 +74,10 @@ def turn_record(
 ) -> dict[str, Any]:
     """One exchange as a turn. `previous_request` is the request of the turn it continues (number
     `continues`); without it every message of the request counts as new."""
-    endpoint = ex.get("endpoint") or ""
+    dialect = dialects.of_record(ex.get("endpoint"))
     request = ex.get("request") if isinstance(ex.get("request"), dict) else None
-    summary = summarize(endpoint, request, ex.get("response"))
-    added = new_messages(endpoint, request, previous_request) if request is not None else []
+    summary = dialect.summary(request, ex.get("response"))
+    added = dialect.new_messages(request, previous_request) if request is not None else []
     error = {"class": ex["error_class"], "message": ex["error_message"]} if ex.get("error_class") else None
     return {
         "turn": number,
@@ -106,7 +106,7 @@ def turn_record(
         "tool_results": tool_results(added),
         "budget": ex["budget"],
         "error": error,
-        "tool_call_parse_failure": tool_call_parse_failure(endpoint, ex.get("response")),
+        "tool_call_parse_failure": dialect.tool_call_parse_failure(ex.get("response")),
         "user_agent": ex["user_agent"],
         "retry_count": ex["retry_count"],
         "client_disconnected": ex["client_disconnected"],
@@ -252,7 +252,7 @@ def _continued(exchanges: Sequence[dict[str, Any]], index: int) -> int | None:
     """The index of the earlier exchange whose conversation exchange `index` extends furthest: the
     fewest new messages, the most recent on a tie, among the last LOOKBACK of the same endpoint."""
     ex = exchanges[index]
-    endpoint = ex.get("endpoint") or ""
+    dialect = dialects.of_record(ex.get("endpoint"))
     request = ex.get("request")
     if not isinstance(request, dict):
         return None
@@ -261,11 +261,11 @@ def _continued(exchanges: Sequence[dict[str, Any]], index: int) -> int | None:
         candidate = exchanges[earlier]
         if candidate.get("endpoint") != ex.get("endpoint") or not isinstance(candidate.get("request"), dict):
             continue
-        added = len(new_messages(endpoint, request, candidate["request"]))
+        added = len(dialect.new_messages(request, candidate["request"]))
         if best is None or added < best[0]:
             best = (added, earlier)
     # A candidate sharing nothing with this turn is not its predecessor: everything is new.
-    if best is None or best[0] >= len(new_messages(endpoint, request, None)):
+    if best is None or best[0] >= len(dialect.new_messages(request, None)):
         return None
     return best[1]
 

@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from modeltap.proxy.routes import Endpoint
+from modeltap import dialects
 from modeltap.proxy.server import Proxy
 from modeltap.proxy.tokens import TokenCounter
 from tests.integration.conftest import records
@@ -42,7 +42,7 @@ async def test_over_budget_is_the_canonical_400_and_never_reaches_areal(
     areal: ArealStandIn, budget_proxy: Callable[..., Proxy], store_path: Path, counter: TokenCounter
 ) -> None:
     messages = long_messages(3000)
-    prompt = counter.count(Endpoint.CHAT, {"messages": messages})
+    prompt = counter.count(dialects.named("chat"), {"messages": messages})
     async with budget_proxy(budget="reject") as proxy:
         client = openai.AsyncOpenAI(base_url=proxy.host_base_url + "/v1", api_key="k", max_retries=0)
         with pytest.raises(openai.BadRequestError) as info:
@@ -66,7 +66,7 @@ async def test_clamp_rewrites_only_the_clients_field(
 ) -> None:
     session = areal.open_session("clamp")
     messages = long_messages(200)
-    prompt = counter.count(Endpoint.CHAT, {"messages": messages})
+    prompt = counter.count(dialects.named("chat"), {"messages": messages})
     async with budget_proxy() as proxy:
         client = openai.AsyncOpenAI(
             base_url=proxy.host_base_url + "/v1", api_key=session.api_key, max_retries=0
@@ -96,5 +96,5 @@ async def test_anthropic_gets_prompt_is_too_long_and_count_tokens_counts(
         await client.close()
     assert info.value.body["error"]["type"] == "invalid_request_error"
     assert info.value.body["error"]["message"].startswith("prompt is too long: ")
-    assert counted.input_tokens == counter.count(Endpoint.COUNT_TOKENS, {"messages": short})
+    assert counted.input_tokens == counter.count(dialects.named("count_tokens"), {"messages": short})
     assert areal.model_requests == []

@@ -20,9 +20,11 @@ import anthropic
 import openai
 import pytest
 
+from modeltap import dialects
 from modeltap.cli import main
+from modeltap.dialects.sse import StreamAssembler
+from modeltap.proxy.config import DEFAULT_MAX_BODY_BYTES
 from modeltap.proxy.server import Proxy
-from modeltap.proxy.sse import StreamAssembler
 from modeltap.records.export import conversation
 from modeltap.records.replay import load_mock, mock_app, replay
 from modeltap.records.store import StoreReader
@@ -154,7 +156,7 @@ def test_show_export_on_an_openai_sdk_session(
     entries = json.loads(har_path.read_text())["log"]["entries"]
     assert [e["response"]["status"] for e in entries] == [200, 200, 400]
     content = entries[1]["response"]["content"]
-    assembler = StreamAssembler("chat")
+    assembler = StreamAssembler(dialects.named("chat"))
     assembler.feed(content["text"].encode())
     assert content["mimeType"] == "text/event-stream"
     assert assembler.result().body == records(store_path, session.id)[1]["response"]
@@ -342,7 +344,7 @@ async def test_opencode_session_shown_exported_mocked_and_replayed(
     assert {t["function"]["name"] for t in exported["tools"]} >= {"bash", "read", "edit"}
 
     # opencode again, against the mock of its own recording: every answer comes from the record.
-    server = await aiohttp_server(mock_app(load_mock(store_path, session=session.id)))
+    server = await aiohttp_server(mock_app(load_mock(store_path, session=session.id), DEFAULT_MAX_BODY_BYTES))
     again = await arun_opencode(str(server.make_url("/v1")), "sk-offline", workdir)
     assert again.exit_code == 0 and again.final_text == "42", again.describe()
     assert len(vllm_standin.model_requests) == 3
@@ -376,7 +378,9 @@ async def test_mock_streams_what_the_anthropic_and_responses_sdks_accept(
                 recorded_response = await sdk.responses.create(
                     model="standin-model", input=ASK["content"], tools=[responses_bash]
                 )
-    server = await aiohttp_server(mock_app(await asyncio.to_thread(load_mock, store_path)))
+    server = await aiohttp_server(
+        mock_app(await asyncio.to_thread(load_mock, store_path), DEFAULT_MAX_BODY_BYTES)
+    )
     async with anthropic.AsyncAnthropic(base_url=str(server.make_url("")), api_key="k", max_retries=0) as sdk:
         async with sdk.messages.stream(
             model="claude-x", max_tokens=256, messages=[ASK], tools=[bash]

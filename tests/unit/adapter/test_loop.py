@@ -145,10 +145,3 @@ async def test_resources_close_newest_first_and_the_loop_restarts_after_stop(bg:
 
     assert await bg.run(ping(), "ping") == "pong"
     assert bg.loop is not first_thread
-
-
-def test_call_waits_from_a_plain_thread(bg: BackgroundLoop) -> None:
-    async def double(value: int) -> int:
-        return 2 * value
-
-    assert bg.call(double(21), timeout_s=5) == 42

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from modeltap.adapter.bundle import Bundle, load_bundle
@@ -27,7 +28,9 @@ def bundle_of(tmp_path: Path, text: str) -> Bundle:
     return load_bundle(path)
 
 
-def plan_for(bundle: Bundle, task_id: str, timeout_s: float = 30.0) -> RunPlan:
+def plan_for(
+    bundle: Bundle, task_id: str, timeout_s: float = 30.0, judge_http: aiohttp.ClientSession | None = None
+) -> RunPlan:
     task = bundle.tasks[task_id]
     return RunPlan(
         run_id=f"run-{task_id}",
@@ -37,6 +40,7 @@ def plan_for(bundle: Bundle, task_id: str, timeout_s: float = 30.0) -> RunPlan:
         judges=bundle.judges,
         endpoint=SESSION,
         timeout_s=timeout_s,
+        judge_http=judge_http,
     )
 
 
@@ -234,6 +238,13 @@ def judge_script(conversation: Conversation) -> Reply:
 
 
 @pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """One client for every judge call of a test, as the workflow shares one per process."""
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+@pytest.fixture
 def judges() -> Iterator[tuple[OpenAILikeStandIn, AnthropicLikeStandIn]]:
     with (
         OpenAILikeStandIn(script=judge_script, api_key="sk-judge") as openai_judge,
@@ -243,7 +254,7 @@ def judges() -> Iterator[tuple[OpenAILikeStandIn, AnthropicLikeStandIn]]:
 
 
 async def test_judges_are_called_on_their_own_endpoint_with_their_key(
-    tmp_path: Path, judges: tuple[OpenAILikeStandIn, AnthropicLikeStandIn]
+    tmp_path: Path, judges: tuple[OpenAILikeStandIn, AnthropicLikeStandIn], http: aiohttp.ClientSession
 ) -> None:
     openai_judge, anthropic_judge = judges
     bundle = bundle_of(
@@ -265,7 +276,7 @@ async def test_judges_are_called_on_their_own_endpoint_with_their_key(
         checks = [{{judge = "oa", rubric = "exact"}}, {{judge = "an", rubric = "exact"}}, {{exact = "42"}}]
         """,
     )
-    result = await play(plan_for(bundle, "t"), LocalProvider())
+    result = await play(plan_for(bundle, "t", judge_http=http), LocalProvider())
     assert result.scores == (0.75, 0.75, 1.0)
     assert [r.path for r in openai_judge.model_requests] == ["/v1/chat/completions"]
     assert [r.path for r in anthropic_judge.model_requests] == ["/v1/messages"]
@@ -274,7 +285,7 @@ async def test_judges_are_called_on_their_own_endpoint_with_their_key(
 
 
 async def test_a_judge_without_a_score_line_leaves_the_run_unscored(
-    tmp_path: Path, judges: tuple[OpenAILikeStandIn, AnthropicLikeStandIn]
+    tmp_path: Path, judges: tuple[OpenAILikeStandIn, AnthropicLikeStandIn], http: aiohttp.ClientSession
 ) -> None:
     openai_judge, _ = judges
     text = ECHO_AGENT + (
@@ -282,17 +293,17 @@ async def test_a_judge_without_a_score_line_leaves_the_run_unscored(
         '[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{judge = "oa", rubric = "vague"}]\n'
     )
     with pytest.raises(Unscored, match="judge 'oa' replied without a SCORE line") as caught:
-        await play(plan_for(bundle_of(tmp_path, text), "t"), LocalProvider())
+        await play(plan_for(bundle_of(tmp_path, text), "t", judge_http=http), LocalProvider())
     assert "no verdict" in str(caught.value)
 
 
-async def test_a_judge_that_is_down_fails_the_run(tmp_path: Path) -> None:
+async def test_a_judge_that_is_down_fails_the_run(tmp_path: Path, http: aiohttp.ClientSession) -> None:
     text = ECHO_AGENT + (
         '[judges.down]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "m"\n'
         '[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{judge = "down", rubric = "r"}]\n'
     )
     with pytest.raises(RunFailed, match=r"judge 'down' at http://127\.0\.0\.1:9/v1/chat/completions failed"):
-        await play(plan_for(bundle_of(tmp_path, text), "t"), LocalProvider())
+        await play(plan_for(bundle_of(tmp_path, text), "t", judge_http=http), LocalProvider())
 
 
 async def test_a_docker_solver_with_a_loopback_only_proxy_is_refused_with_the_fix(tmp_path: Path) -> None:

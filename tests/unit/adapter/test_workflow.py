@@ -379,7 +379,7 @@ async def test_cancelling_run_stops_the_agent_and_closes_the_session_before_it_r
     while agent_pid is None:
         await asyncio.sleep(0.05)
         agent_pid = _process_running(str(AGENT))
-    proxy = await background().run(workflow_module._proxy(workflow.proxy_config), "proxy")
+    proxy = (await background().run(workflow_module._tap(workflow.proxy_config), "proxy")).proxy
     (open_session,) = list(proxy.sessions)
     run.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -21,28 +21,32 @@ from modeltap.compat.layouts import (
 
 
 @pytest.mark.parametrize(
-    ("layout", "endpoint", "base_has_v1", "expected"),
+    ("layout", "route", "base_has_v1", "expected"),
     [
-        ("areal", "chat", False, ["/chat/completions"]),
+        ("areal", "chat/completions", False, ["/chat/completions"]),
         ("areal", "responses", False, ["/responses"]),
         ("areal", "messages", False, ["/v1/messages"]),
-        ("openai", "chat", False, ["/v1/chat/completions"]),
-        ("auto", "chat", False, ["/v1/chat/completions", "/chat/completions"]),
-        ("openai", "chat", True, ["/chat/completions"]),
+        ("openai", "chat/completions", False, ["/v1/chat/completions"]),
+        ("auto", "chat/completions", False, ["/v1/chat/completions", "/chat/completions"]),
+        ("openai", "chat/completions", True, ["/chat/completions"]),
         ("areal", "messages", True, ["/messages"]),
     ],
 )
-def test_upstream_paths(layout, endpoint, base_has_v1, expected):
-    assert upstream_paths(layout, endpoint, base_has_v1) == expected
+def test_upstream_paths(layout, route, base_has_v1, expected):
+    areal_v1 = route == "messages"  # AReaL serves its Anthropic route under /v1
+    assert upstream_paths(layout, route, areal_v1=areal_v1, base_has_v1=base_has_v1) == expected
 
 
 def test_auto_tries_areal_first_where_areal_is_installed():
-    assert upstream_paths("auto", "chat", False, auto_first="areal") == [
+    assert upstream_paths("auto", "chat/completions", auto_first="areal") == [
         "/chat/completions",
         "/v1/chat/completions",
     ]
     # AReaL's Anthropic route is under /v1 already: its other candidate is the bare one
-    assert upstream_paths("auto", "messages", False, auto_first="areal") == ["/v1/messages", "/messages"]
+    assert upstream_paths("auto", "messages", areal_v1=True, auto_first="areal") == [
+        "/v1/messages",
+        "/messages",
+    ]
 
 
 @pytest.mark.parametrize(

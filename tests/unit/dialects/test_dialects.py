@@ -1,7 +1,8 @@
-"""Tests for modeltap/records/summary.py: summaries, new messages per turn, AReaL's failed tool-call parse.
+"""Tests for modeltap/dialects/: the registry, and what each format reads: summaries, new messages per
+turn, AReaL's failed tool-call parse.
 
-Each dialect's non-streamed body is also streamed (split into the pieces its API streams), assembled by
-the proxy's StreamAssembler, and must summarise the same, since `modeltap show` reads both kinds.
+Each format's non-streamed body is also streamed (split into the pieces its API streams), assembled by
+the StreamAssembler, and must summarise the same, since `modeltap show` reads both kinds.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modeltap.proxy.sse import StreamAssembler
-from modeltap.records.summary import Summary, new_messages, summarize, tool_call_parse_failure
+from modeltap import dialects
+from modeltap.dialects.base import Summary
+from modeltap.dialects.sse import StreamAssembler
 from tests.factories import (
     CREATED,
     SSE_DONE,
@@ -33,6 +35,19 @@ from tests.factories import (
     tool_call_delta,
     usage,
 )
+
+
+def summarize(endpoint: str, request: Any, response: Any) -> Summary:
+    return dialects.of_record(endpoint).summary(request, response)
+
+
+def new_messages(endpoint: str, request: Any, previous: Any) -> list[Any]:
+    return dialects.of_record(endpoint).new_messages(request, previous)
+
+
+def tool_call_parse_failure(endpoint: str, response: Any) -> bool:
+    return dialects.of_record(endpoint).tool_call_parse_failure(response)
+
 
 ARGUMENTS = '{"command": "echo $((6 * 7))"}'
 
@@ -300,7 +315,7 @@ STREAMS = {"chat": chat_stream, "completions": completions_stream, "messages": m
 
 
 def assembled(endpoint: str, stream: bytes) -> dict[str, Any] | None:
-    assembler = StreamAssembler(endpoint)
+    assembler = StreamAssembler(dialects.named(endpoint))
     for offset in range(0, len(stream), 7):
         assembler.feed(stream[offset : offset + 7])
     result = assembler.result()
@@ -499,3 +514,21 @@ def test_no_body_shape_raises(endpoint: str, request: Any, previous: Any, respon
     assert all(isinstance(call["arguments"], str | None) for call in summary.tool_calls)
     assert isinstance(tool_call_parse_failure(endpoint, response), bool)
     assert isinstance(new_messages(endpoint, request, previous), list)
+
+
+def test_every_format_is_found_by_its_name_and_route() -> None:
+    for dialect in dialects.DIALECTS:
+        assert dialects.named(dialect.name) is dialect
+        assert dialects.for_route(dialect.route) == (dialect, None)
+    assert dialects.for_route("models/m1") == (dialects.named("models"), "m1")
+    assert dialects.for_route("chat/completions/x") is None
+    with pytest.raises(ValueError, match="no dialect 'chatt'"):
+        dialects.named("chatt")
+
+
+def test_an_unrouted_record_reads_as_nothing() -> None:
+    unrouted = dialects.of_record(None)
+    assert unrouted.summary({"model": "m"}, {"choices": [{"message": {"content": "x"}}]}) == Summary(
+        model="m"
+    )
+    assert unrouted.new_messages({"messages": [USER]}, None) == []

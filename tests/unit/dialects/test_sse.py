@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from modeltap.proxy.sse import Assembled, SSEDecoder, SSEEvent, StreamAssembler
+from modeltap import dialects
+from modeltap.dialects.sse import Assembled, SSEDecoder, SSEEvent, StreamAssembler
 from tests.factories import (
     SSE_DONE,
     assistant,
@@ -291,7 +292,7 @@ TRANSCRIPTS = {
 
 
 def assemble(endpoint: str, *chunks: bytes) -> Assembled:
-    assembler = StreamAssembler(endpoint)
+    assembler = StreamAssembler(dialects.named(endpoint))
     for piece in chunks:
         assembler.feed(piece)
     return assembler.result()
@@ -738,16 +739,16 @@ def test_events_after_the_end_are_counted_not_merged() -> None:
 
 
 def test_result_is_final() -> None:
-    assembler = StreamAssembler("chat")
+    assembler = StreamAssembler(dialects.named("chat"))
     assembler.feed(OPENCODE_TEXT)
     first = assembler.result()
     assembler.feed(sse_data(chunk({"content": "more"})))
     assert assembler.result() is first
 
 
-def test_unknown_endpoint_is_refused_at_construction() -> None:
-    with pytest.raises(ValueError, match="embeddings"):
-        StreamAssembler("embeddings")
+def test_a_format_that_does_not_stream_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="embeddings does not stream"):
+        StreamAssembler(dialects.named("embeddings"))
 
 
 # --- never raises -------------------------------------------------------------------------------------

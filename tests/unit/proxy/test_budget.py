@@ -12,11 +12,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from modeltap import dialects
+from modeltap.dialects.base import Dialect
 from modeltap.proxy.budget import Budget, Limits, decide, discover_limits
-from modeltap.proxy.errors import BadRequest, anthropic_error_body, openai_error_body
-from modeltap.proxy.routes import Endpoint
+from modeltap.proxy.errors import BadRequest
 from modeltap.proxy.tokens import TokenCounter
 from modeltap.proxy.upstream import Upstream
+
+COUNT_TOKENS = dialects.named("count_tokens")
 
 C = 1000
 M = 100
@@ -51,7 +54,7 @@ def counter(qwen_dir: str) -> TokenCounter:
     ],
 )
 def test_context_length_boundary(total: int, policy: str, action: str, allowed: int) -> None:
-    decision = decide(Endpoint.CHAT, CHAT, total - M, Limits(C), policy, min_completion_tokens=1)
+    decision = decide(dialects.named("chat"), CHAT, total - M, Limits(C), policy, min_completion_tokens=1)
     assert (decision.action, decision.allowed, decision.requested) == (action, allowed, M)
     if action == "clamp":
         assert decision.body == {**CHAT, "max_tokens": allowed}
@@ -77,7 +80,7 @@ E = 800
 )
 def test_engine_max_tokens_boundary(total: int, policy: str, action: str) -> None:
     # With AReaL's engine_max_tokens E below C, P + M <= E is the binding rule (equal allowed).
-    decision = decide(Endpoint.CHAT, CHAT, total - M, Limits(C, engine_max_tokens=E), policy, 1)
+    decision = decide(dialects.named("chat"), CHAT, total - M, Limits(C, engine_max_tokens=E), policy, 1)
     assert decision.action == action
     assert decision.limit == E
 
@@ -88,25 +91,25 @@ def test_engine_max_tokens_boundary(total: int, policy: str, action: str) -> Non
 def test_prompt_alone_against_engine_max_tokens(prompt: int, action: str) -> None:
     # AReaL refuses P == E (areal-proxy-protocol.md §4.1), so with M absent P <= E - 1 must hold.
     body = {"model": "m", "messages": [], "stream": False}
-    decision = decide(Endpoint.CHAT, body, prompt, Limits(C, engine_max_tokens=E), "reject", 1)
+    decision = decide(dialects.named("chat"), body, prompt, Limits(C, engine_max_tokens=E), "reject", 1)
     assert decision.action == action
 
 
 def test_reserve_is_kept_free() -> None:
     limits = Limits(C, reserve=6)
     assert limits.max_total_tokens == C - 7
-    assert decide(Endpoint.CHAT, CHAT, C - 7 - M, limits, "reject", 1).action == "pass"
-    assert decide(Endpoint.CHAT, CHAT, C - 6 - M, limits, "reject", 1).action == "reject"
+    assert decide(dialects.named("chat"), CHAT, C - 7 - M, limits, "reject", 1).action == "pass"
+    assert decide(dialects.named("chat"), CHAT, C - 6 - M, limits, "reject", 1).action == "reject"
 
 
 def test_clamp_rejects_when_fewer_than_min_completion_tokens_remain() -> None:
     limit = C - 1
-    assert decide(Endpoint.CHAT, CHAT, limit - 16, Limits(C), "clamp", 16).action == "clamp"
-    decision = decide(Endpoint.CHAT, CHAT, limit - 15, Limits(C), "clamp", 16)
+    assert decide(dialects.named("chat"), CHAT, limit - 16, Limits(C), "clamp", 16).action == "clamp"
+    decision = decide(dialects.named("chat"), CHAT, limit - 15, Limits(C), "clamp", 16)
     assert (decision.action, decision.allowed) == ("reject", 15)
     # A request asking for less than the minimum still goes through when what it asks for fits.
     small = {**CHAT, "max_tokens": 10}
-    assert decide(Endpoint.CHAT, small, limit - 12, Limits(C), "clamp", 16).action == "pass"
+    assert decide(dialects.named("chat"), small, limit - 12, Limits(C), "clamp", 16).action == "pass"
 
 
 # --- which field, and only that field -----------------------------------------------------------
@@ -115,14 +118,14 @@ def test_clamp_rejects_when_fewer_than_min_completion_tokens_remain() -> None:
 @pytest.mark.parametrize(
     ("endpoint", "body", "field"),
     [
-        (Endpoint.CHAT, {"messages": []}, "max_completion_tokens"),
-        (Endpoint.COMPLETIONS, {"prompt": "x"}, "max_tokens"),
-        (Endpoint.RESPONSES, {"input": "x"}, "max_output_tokens"),
-        (Endpoint.MESSAGES, {"messages": []}, "max_tokens"),
+        (dialects.named("chat"), {"messages": []}, "max_completion_tokens"),
+        (dialects.named("completions"), {"prompt": "x"}, "max_tokens"),
+        (dialects.named("responses"), {"input": "x"}, "max_output_tokens"),
+        (dialects.named("messages"), {"messages": []}, "max_tokens"),
     ],
 )
 def test_absent_m_is_set_under_clamp_and_left_alone_under_reject(
-    endpoint: Endpoint, body: dict[str, Any], field: str
+    endpoint: Dialect, body: dict[str, Any], field: str
 ) -> None:
     clamped = decide(endpoint, body, 400, Limits(C), "clamp", 1)
     assert (clamped.action, clamped.field, clamped.requested) == ("clamp", field, None)
@@ -133,14 +136,14 @@ def test_absent_m_is_set_under_clamp_and_left_alone_under_reject(
 
 def test_clamp_rewrites_the_field_the_client_used() -> None:
     body = {"model": "m", "messages": [], "max_tokens": 5000, "temperature": 0}
-    decision = decide(Endpoint.CHAT, body, 900, Limits(C), "clamp", 1)
+    decision = decide(dialects.named("chat"), body, 900, Limits(C), "clamp", 1)
     # AReaL answers 500 when both fields are sent, so max_completion_tokens is never added.
     assert decision.body == {"model": "m", "messages": [], "max_tokens": 99, "temperature": 0}
     assert list(decision.body) == list(body)
     assert body["max_tokens"] == 5000, "the client's body is not changed"
     both = {"messages": [], "max_tokens": 5000, "max_completion_tokens": 4000}
     # Backends read max_completion_tokens when both are sent; that is the one the budget holds to.
-    assert decide(Endpoint.CHAT, both, 900, Limits(C), "clamp", 1).body == {
+    assert decide(dialects.named("chat"), both, 900, Limits(C), "clamp", 1).body == {
         **both,
         "max_completion_tokens": 99,
     }
@@ -148,7 +151,9 @@ def test_clamp_rewrites_the_field_the_client_used() -> None:
 
 def test_m_that_is_not_a_count_is_left_to_the_upstream() -> None:
     for value in ("100", 1.5, True):
-        decision = decide(Endpoint.CHAT, {**CHAT, "max_tokens": value}, C * 2, Limits(C), "reject", 1)
+        decision = decide(
+            dialects.named("chat"), {**CHAT, "max_tokens": value}, C * 2, Limits(C), "reject", 1
+        )
         assert (decision.action, decision.body, decision.error) == ("pass", None, None)
         assert decision.note == "max_tokens is not an integer"
 
@@ -157,10 +162,10 @@ def test_m_that_is_not_a_count_is_left_to_the_upstream() -> None:
 
 
 def test_openai_error_body_verbatim() -> None:
-    decision = decide(Endpoint.CHAT, CHAT, 950, Limits(C), "reject", 1)
+    decision = decide(dialects.named("chat"), CHAT, 950, Limits(C), "reject", 1)
     assert decision.error is not None
     assert decision.error.status == 400
-    assert openai_error_body(decision.error) == {
+    assert dialects.named("chat").error_body(decision.error.api_error) == {
         "error": {
             "message": "This model's maximum context length is 999 tokens. However, you requested "
             "1050 tokens (950 in the messages, 100 in the completion). "
@@ -173,7 +178,7 @@ def test_openai_error_body_verbatim() -> None:
 
 
 def test_openai_error_with_m_absent_names_the_completion_it_needs() -> None:
-    decision = decide(Endpoint.RESPONSES, {"input": "x"}, 990, Limits(C), "clamp", 16)
+    decision = decide(dialects.named("responses"), {"input": "x"}, 990, Limits(C), "clamp", 16)
     assert decision.error is not None
     assert decision.error.message == (
         "This model's maximum context length is 999 tokens. However, you requested 1006 tokens "
@@ -183,17 +188,17 @@ def test_openai_error_with_m_absent_names_the_completion_it_needs() -> None:
 
 def test_anthropic_error_body_verbatim() -> None:
     body = {"model": "claude", "messages": [], "max_tokens": 4096}
-    decision = decide(Endpoint.MESSAGES, body, 208656, Limits(200001), "reject", 1)
+    decision = decide(dialects.named("messages"), body, 208656, Limits(200001), "reject", 1)
     assert decision.error is not None
     # P > 200000 - 4096: the prompt must leave room for the completion asked for.
-    assert anthropic_error_body(decision.error) == {
+    assert dialects.named("messages").error_body(decision.error.api_error) == {
         "type": "error",
         "error": {
             "type": "invalid_request_error",
             "message": "prompt is too long: 208656 tokens > 195904 maximum",
         },
     }
-    clamp = decide(Endpoint.MESSAGES, body, 200000, Limits(200001), "clamp", 1)
+    clamp = decide(dialects.named("messages"), body, 200000, Limits(200001), "clamp", 1)
     assert (
         clamp.error is not None
         and clamp.error.message == "prompt is too long: 200000 tokens > 199999 maximum"
@@ -201,7 +206,7 @@ def test_anthropic_error_body_verbatim() -> None:
 
 
 def test_decision_record() -> None:
-    decision = decide(Endpoint.CHAT, CHAT, C, Limits(C), "reject", 1)
+    decision = decide(dialects.named("chat"), CHAT, C, Limits(C), "reject", 1)
     record = decision.as_record()
     assert record == {
         "action": "reject",
@@ -237,18 +242,18 @@ def test_limits_that_leave_no_room_are_refused() -> None:
     with pytest.raises(ValueError, match="no room"):
         Limits(10, reserve=9)
     with pytest.raises(ValueError, match="policy"):
-        decide(Endpoint.CHAT, CHAT, 1, Limits(C), "truncate", 1)
+        decide(dialects.named("chat"), CHAT, 1, Limits(C), "truncate", 1)
     with pytest.raises(ValueError, match="no completion budget"):
-        decide(Endpoint.EMBEDDINGS, {}, 1, Limits(C), "clamp", 1)
+        decide(dialects.named("embeddings"), {}, 1, Limits(C), "clamp", 1)
 
 
 # --- Budget: counting off the loop --------------------------------------------------------------
 
 
 async def test_apply_counts_then_decides(counter: TokenCounter) -> None:
-    prompt = counter.count(Endpoint.CHAT, CHAT)
+    prompt = counter.count(dialects.named("chat"), CHAT)
     budget = Budget(counter, Limits(prompt + M), policy="clamp")
-    decision = await budget.apply(Endpoint.CHAT, CHAT)
+    decision = await budget.apply(dialects.named("chat"), CHAT)
     assert (decision.action, decision.prompt_tokens, decision.body) == (
         "clamp",
         prompt,
@@ -260,19 +265,21 @@ async def test_counting_runs_off_the_event_loop(qwen_dir: str) -> None:
     threads: list[int] = []
 
     class Watched(TokenCounter):
-        def count(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+        def count(self, endpoint: Dialect, body: dict[str, Any]) -> int:
             threads.append(threading.get_ident())
             return super().count(endpoint, body)
 
     budget = Budget(Watched.load(qwen_dir), Limits(C))
-    await budget.apply(Endpoint.CHAT, CHAT)
-    await budget.apply(Endpoint.CHAT, CHAT, json.dumps(CHAT).encode())  # small bodies too (issue 3)
-    await budget.count_tokens_body({"model": "c", "messages": [{"role": "user", "content": "hi"}]})
+    await budget.apply(dialects.named("chat"), CHAT)
+    await budget.apply(dialects.named("chat"), CHAT, json.dumps(CHAT).encode())  # small bodies too
+    await budget.count_answer(COUNT_TOKENS, {"model": "c", "messages": [{"role": "user", "content": "hi"}]})
     assert len(threads) == 3 and threading.get_ident() not in threads
 
 
 async def test_a_body_that_cannot_be_counted_passes_uncounted(counter: TokenCounter) -> None:
-    decision = await Budget(counter, Limits(C)).apply(Endpoint.CHAT, {"messages": "oops", "max_tokens": 5})
+    decision = await Budget(counter, Limits(C)).apply(
+        dialects.named("chat"), {"messages": "oops", "max_tokens": 5}
+    )
     assert (decision.action, decision.prompt_tokens, decision.requested, decision.body) == (
         "pass",
         None,
@@ -285,14 +292,15 @@ async def test_a_body_that_cannot_be_counted_passes_uncounted(counter: TokenCoun
 async def test_count_tokens_answers_what_messages_would_count(counter: TokenCounter) -> None:
     body = {"model": "claude", "system": "be brief", "messages": [{"role": "user", "content": "hi"}]}
     budget = Budget(counter, Limits(C))
-    assert await budget.count_tokens_body(body) == {"input_tokens": counter.count(Endpoint.MESSAGES, body)}
+    expected = {"input_tokens": counter.count(dialects.named("messages"), body)}
+    assert await budget.count_answer(COUNT_TOKENS, body) == expected
     with pytest.raises(BadRequest):
-        await budget.count_tokens_body({"model": "claude"})
+        await budget.count_answer(COUNT_TOKENS, {"model": "claude"})
 
 
 async def test_apply_refuses_endpoints_without_a_budget(counter: TokenCounter) -> None:
     with pytest.raises(ValueError):
-        await Budget(counter, Limits(C)).apply(Endpoint.MODELS, {})
+        await Budget(counter, Limits(C)).apply(dialects.named("models"), {})
     with pytest.raises(ValueError):
         Budget(counter, Limits(C), policy="lenient")
 
@@ -364,15 +372,15 @@ async def test_repeated_bodies_are_counted_once(counter: TokenCounter) -> None:
     counts: list[int] = []
 
     class Counting:  # the real counter, noting each count
-        def count(self, endpoint: Endpoint, body: dict[str, Any]) -> int:
+        def count(self, endpoint: Dialect, body: dict[str, Any]) -> int:
             counts.append(1)
             return counter.count(endpoint, body)
 
     budget = Budget(Counting(), Limits(C), policy="clamp")  # type: ignore[arg-type]
     raw = json.dumps(CHAT).encode()
-    first = await budget.apply(Endpoint.CHAT, CHAT, raw)
-    again = await budget.apply(Endpoint.CHAT, CHAT, raw)  # a retry, or a GRPO group's next sample
+    first = await budget.apply(dialects.named("chat"), CHAT, raw)
+    again = await budget.apply(dialects.named("chat"), CHAT, raw)  # a retry, or a GRPO group's next sample
     other = {**CHAT, "messages": [{"role": "user", "content": "hello there"}]}
-    different = await budget.apply(Endpoint.CHAT, other, json.dumps(other).encode())
+    different = await budget.apply(dialects.named("chat"), other, json.dumps(other).encode())
     assert len(counts) == 2 and first == again
     assert different.prompt_tokens != first.prompt_tokens

@@ -131,13 +131,13 @@ def test_resolve_routes_only_known_endpoints_and_raises_nothing_else(path: str) 
         assert TOKEN not in str(error)  # the message goes back to the client and into the record
         return
     assert _routable(path, route), path
-    segments = path.strip("/").split("/")[: -1 if route.model_id is not None else None]
+    segments = path.strip("/").split("/")[: -1 if route.item is not None else None]
     assert ".." not in segments and not any(c in segments for c in ("rl", "internal", "export_trajectories"))
     assert route.session_token == session_token(path)
-    if route.model_id is not None:
+    if route.item is not None:
         # Quoted as the relay sends it, the id stays one segment under /models whatever yarl normalises.
-        sent = URL("http://upstream/v1/models/" + quote(route.model_id, safe=""))
-        assert sent.raw_path.startswith("/v1/models/"), route.model_id
+        sent = URL("http://upstream/v1/models/" + quote(route.item, safe=""))
+        assert sent.raw_path.startswith("/v1/models/"), route.item
 
 
 @PURE

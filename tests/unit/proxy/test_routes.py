@@ -2,20 +2,21 @@
 
 import pytest
 
+from modeltap import dialects
 from modeltap.proxy.errors import Forbidden, NotFound
-from modeltap.proxy.routes import Dialect, Endpoint, resolve
+from modeltap.proxy.routes import masked, resolve, session_token
 from tests.factories import CONTROL_PATHS
 
 TOKEN = "A" * 43
 
 SUFFIXES = {
-    "chat/completions": Endpoint.CHAT,
-    "completions": Endpoint.COMPLETIONS,
-    "responses": Endpoint.RESPONSES,
-    "messages": Endpoint.MESSAGES,
-    "messages/count_tokens": Endpoint.COUNT_TOKENS,
-    "models": Endpoint.MODELS,
-    "embeddings": Endpoint.EMBEDDINGS,
+    "chat/completions": "chat",
+    "completions": "completions",
+    "responses": "responses",
+    "messages": "messages",
+    "messages/count_tokens": "count_tokens",
+    "models": "models",
+    "embeddings": "embeddings",
 }
 PREFIXES = ["", "/v1", "/v1/v1", f"/s/{TOKEN}", f"/s/{TOKEN}/v1", f"/s/{TOKEN}/v1/v1"]
 
@@ -24,14 +25,14 @@ PREFIXES = ["", "/v1", "/v1/v1", f"/s/{TOKEN}", f"/s/{TOKEN}/v1", f"/s/{TOKEN}/v
 @pytest.mark.parametrize("suffix", list(SUFFIXES))
 def test_every_endpoint_at_every_prefix(prefix: str, suffix: str) -> None:
     route = resolve(f"{prefix}/{suffix}")
-    assert route.endpoint is SUFFIXES[suffix]
+    assert route.dialect is dialects.named(SUFFIXES[suffix])
     assert route.session_token == (TOKEN if prefix.startswith("/s/") else None)
 
 
 def test_trailing_slash_and_model_id() -> None:
-    assert resolve("/v1/chat/completions/").endpoint is Endpoint.CHAT
+    assert resolve("/v1/chat/completions/").dialect is dialects.named("chat")
     route = resolve("/v1/models/qwen-7b")
-    assert (route.endpoint, route.model_id) == (Endpoint.MODELS, "qwen-7b")
+    assert (route.dialect, route.item) == (dialects.named("models"), "qwen-7b")
 
 
 @pytest.mark.parametrize(
@@ -66,13 +67,8 @@ def test_token_is_masked_in_not_found_message() -> None:
     assert TOKEN not in str(info.value)
 
 
-def test_dialects() -> None:
-    assert Endpoint.MESSAGES.dialect is Dialect.ANTHROPIC
-    assert Endpoint.COUNT_TOKENS.dialect is Dialect.ANTHROPIC
-    assert Endpoint.CHAT.dialect is Dialect.OPENAI
-    assert {e for e in Endpoint if e.budgeted} == {
-        Endpoint.CHAT,
-        Endpoint.COMPLETIONS,
-        Endpoint.RESPONSES,
-        Endpoint.MESSAGES,
-    }
+def test_session_token_and_masking() -> None:
+    assert session_token(f"/s/{TOKEN}/v1/chat/completions") == TOKEN
+    assert session_token("/v1/chat/completions") is None
+    assert masked(f"/v1/s/{TOKEN}/x/{TOKEN}") == "/v1/s/…/x/…"
+    assert masked(f"/S/{TOKEN}") == "/S/…"

@@ -23,8 +23,9 @@ from pydantic import TypeAdapter
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from modeltap import dialects
+from modeltap.dialects.base import Dialect
 from modeltap.proxy import tokens
-from modeltap.proxy.routes import Endpoint
 from modeltap.proxy.tokens import CountError, TokenCounter
 
 # Hypothesis budgets: enough generated conversations to cover tools, tool calls, unicode, code and
@@ -151,7 +152,7 @@ def test_chat_count_equals_a_full_encode(
 ) -> None:
     rendered = [r for r, _ in conversation]
     body = {"model": "m", "messages": [c for _, c in conversation], "tools": tool_list}
-    assert unverified.count(Endpoint.CHAT, body) == reference(qwen, rendered, tool_list or None)
+    assert unverified.count(dialects.named("chat"), body) == reference(qwen, rendered, tool_list or None)
 
 
 @settings(max_examples=GROWTH_CONVERSATIONS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -163,7 +164,7 @@ def test_growing_conversation_counts_each_turn_exactly(
     for end in range(1, len(conversation) + 1):
         body = {"model": "m", "messages": [c for _, c in conversation[:end]], "tools": tool_list}
         want = reference(qwen, [r for r, _ in conversation[:end]], tool_list or None)
-        assert unverified.count(Endpoint.CHAT, body) == want
+        assert unverified.count(dialects.named("chat"), body) == want
     if len(conversation) > 1:
         assert unverified.stats.cache_hits > hits_before, "later turns reuse the earlier turns' segments"
     assert (unverified.stats.mismatches, unverified.stats.fast_path) == (0, True)
@@ -185,19 +186,19 @@ def test_template_kwargs_configured_and_per_request(
     assert thinking_off == reference(qwen, messages) + len(qwen.encode("<think>\n\n</think>\n\n"))
     body = {"messages": messages}
     configured = TokenCounter(qwen, {"enable_thinking": False}, verify_first=0)
-    assert configured.count(Endpoint.CHAT, body) == thinking_off
+    assert configured.count(dialects.named("chat"), body) == thinking_off
     asked = {**body, "chat_template_kwargs": {"enable_thinking": False}}
-    assert unverified.count(Endpoint.CHAT, asked) == thinking_off
+    assert unverified.count(dialects.named("chat"), asked) == thinking_off
     # AReaL drops the request's chat_template_kwargs, so against it only the configured ones count.
     areal = TokenCounter(qwen, request_template_kwargs=False, verify_first=0)
-    assert areal.count(Endpoint.CHAT, asked) == reference(qwen, messages)
+    assert areal.count(dialects.named("chat"), asked) == reference(qwen, messages)
 
 
 def test_request_kwargs_cannot_change_how_the_prompt_is_tokenized(
     qwen: PreTrainedTokenizerBase, unverified: TokenCounter
 ) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"tokenize": True}}
-    assert unverified.count(Endpoint.CHAT, body) == reference(qwen, body["messages"])
+    assert unverified.count(dialects.named("chat"), body) == reference(qwen, body["messages"])
 
 
 def test_tool_call_arguments_that_are_not_a_json_object_stay_text(
@@ -205,7 +206,7 @@ def test_tool_call_arguments_that_are_not_a_json_object_stay_text(
 ) -> None:
     call = {"type": "function", "function": {"name": "f", "arguments": "not json"}}
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    assert unverified.count(Endpoint.CHAT, {"messages": messages}) == reference(qwen, messages)
+    assert unverified.count(dialects.named("chat"), {"messages": messages}) == reference(qwen, messages)
 
 
 def test_chat_as_areal_validates_it(qwen: PreTrainedTokenizerBase, unverified: TokenCounter) -> None:
@@ -246,8 +247,8 @@ def test_chat_as_areal_validates_it(qwen: PreTrainedTokenizerBase, unverified: T
     tool_list = list(validated["tools"])
     assert "chat_template_kwargs" not in validated and "reasoning_content" not in messages[1]
     typed = TokenCounter(qwen, request_template_kwargs=False, openai_typed_chat=True, verify_first=0)
-    assert typed.count(Endpoint.CHAT, body) == reference(qwen, messages, tool_list)
-    assert unverified.count(Endpoint.CHAT, body) != reference(qwen, messages, tool_list)
+    assert typed.count(dialects.named("chat"), body) == reference(qwen, messages, tool_list)
+    assert unverified.count(dialects.named("chat"), body) != reference(qwen, messages, tool_list)
 
 
 def test_responses_input_and_instructions_as_areal_converts_them(
@@ -280,9 +281,11 @@ def test_responses_input_and_instructions_as_areal_converts_them(
         {"role": "tool", "content": "42", "tool_call_id": "c1"},
     ]
     counter = unverified
-    assert counter.count(Endpoint.RESPONSES, body) == reference(qwen, expected)
+    assert counter.count(dialects.named("responses"), body) == reference(qwen, expected)
     plain = {"model": "m", "input": "hello"}
-    assert counter.count(Endpoint.RESPONSES, plain) == reference(qwen, [{"role": "user", "content": "hello"}])
+    assert counter.count(dialects.named("responses"), plain) == reference(
+        qwen, [{"role": "user", "content": "hello"}]
+    )
 
 
 # A Claude Code turn (shared/reference/agent-clients.md: system blocks with cache_control, system
@@ -421,8 +424,11 @@ def test_anthropic_request_converted_as_areal_converts_it(
     body = {**CLAUDE_CODE_TURN, "model": model}
     counter = unverified
     want = reference(qwen, expected, CONVERTED_TOOLS)
-    assert counter.count(Endpoint.MESSAGES, body) == want
-    assert counter.count(Endpoint.COUNT_TOKENS, {k: v for k, v in body.items() if k != "max_tokens"}) == want
+    assert counter.count(dialects.named("messages"), body) == want
+    assert (
+        counter.count(dialects.named("count_tokens"), {k: v for k, v in body.items() if k != "max_tokens"})
+        == want
+    )
 
 
 def test_anthropic_text_blocks_and_long_tool_names(
@@ -462,7 +468,7 @@ def test_anthropic_text_blocks_and_long_tool_names(
     ]
     short = "t" * 55 + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
     converted = [{"type": "function", "function": {"name": short, "parameters": {"type": "object"}}}]
-    assert unverified.count(Endpoint.MESSAGES, body) == reference(qwen, expected, converted)
+    assert unverified.count(dialects.named("messages"), body) == reference(qwen, expected, converted)
 
 
 def test_list_content_for_a_template_that_iterates_over_parts(tmp_path: Path) -> None:
@@ -474,7 +480,7 @@ def test_list_content_for_a_template_that_iterates_over_parts(tmp_path: Path) ->
     tok = _write(tmp_path, _byte_level(), template)
     parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]
     body = {"messages": [{"role": "user", "content": parts}]}
-    assert TokenCounter(tok).count(Endpoint.CHAT, body) == reference(tok, body["messages"])
+    assert TokenCounter(tok).count(dialects.named("chat"), body) == reference(tok, body["messages"])
 
 
 # --- completions, errors, loading ---------------------------------------------------------------
@@ -484,25 +490,25 @@ def test_completions_prompt_text_ids_and_batches(
     qwen: PreTrainedTokenizerBase, unverified: TokenCounter
 ) -> None:
     text = "def f(x):\n    return x  # <|im_end|>"
-    assert unverified.count(Endpoint.COMPLETIONS, {"prompt": text}) == len(qwen.encode(text))
-    assert unverified.count(Endpoint.COMPLETIONS, {"prompt": [1, 2, 3]}) == 3
+    assert unverified.count(dialects.named("completions"), {"prompt": text}) == len(qwen.encode(text))
+    assert unverified.count(dialects.named("completions"), {"prompt": [1, 2, 3]}) == 3
     batch = {"prompt": ["short", text, [5] * 40]}
-    assert unverified.count(Endpoint.COMPLETIONS, batch) == 40
+    assert unverified.count(dialects.named("completions"), batch) == 40
 
 
 @pytest.mark.parametrize(
     ("endpoint", "body"),
     [
-        (Endpoint.CHAT, {"messages": "hello"}),
-        (Endpoint.CHAT, {"messages": []}),
-        (Endpoint.CHAT, {}),
-        (Endpoint.RESPONSES, {"input": 42}),
-        (Endpoint.MESSAGES, {"messages": [{"role": "user", "content": ["not a block"]}]}),
-        (Endpoint.COMPLETIONS, {"prompt": None}),
+        (dialects.named("chat"), {"messages": "hello"}),
+        (dialects.named("chat"), {"messages": []}),
+        (dialects.named("chat"), {}),
+        (dialects.named("responses"), {"input": 42}),
+        (dialects.named("messages"), {"messages": [{"role": "user", "content": ["not a block"]}]}),
+        (dialects.named("completions"), {"prompt": None}),
     ],
 )
 def test_bodies_that_cannot_be_rendered(
-    unverified: TokenCounter, endpoint: Endpoint, body: dict[str, Any]
+    unverified: TokenCounter, endpoint: Dialect, body: dict[str, Any]
 ) -> None:
     with pytest.raises(CountError):
         unverified.count(endpoint, body)
@@ -517,7 +523,7 @@ def test_load_never_downloads(tmp_path: Path) -> None:
 
 def test_load_finds_the_qwen_folder_and_its_template(qwen_dir: str) -> None:
     counter = TokenCounter.load(qwen_dir, {"enable_thinking": False})
-    assert counter.count(Endpoint.CHAT, {"messages": [{"role": "user", "content": "hi"}]}) > 0
+    assert counter.count(dialects.named("chat"), {"messages": [{"role": "user", "content": "hi"}]}) > 0
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused(tmp_path: Path) -> None:
@@ -586,7 +592,7 @@ def test_a_second_byte_level_vocabulary_through_tiktoken(
     counter = TokenCounter(trained, verify_first=0, verify_every=0)
     assert counter.stats.encoder == "tiktoken"
     messages = [{"role": r["role"], "content": r["content"]} for r, _ in conversation]
-    assert counter.count(Endpoint.CHAT, {"messages": messages}) == reference(trained, messages)
+    assert counter.count(dialects.named("chat"), {"messages": messages}) == reference(trained, messages)
 
 
 def test_hf_encoder_where_tiktoken_cannot_reproduce_the_ids(tmp_path: Path) -> None:
@@ -595,7 +601,7 @@ def test_hf_encoder_where_tiktoken_cannot_reproduce_the_ids(tmp_path: Path) -> N
     counter = TokenCounter(tok, verify_first=0, verify_every=0)
     assert (counter.stats.encoder, counter.stats.fast_path) == ("huggingface", True)
     messages = [{"role": "user", "content": "HELLO <|im_end|> Hé"}]
-    assert counter.count(Endpoint.CHAT, {"messages": messages}) == reference(tok, messages)
+    assert counter.count(dialects.named("chat"), {"messages": messages}) == reference(tok, messages)
 
 
 def test_full_encode_where_pieces_do_not_encode_alone(tmp_path: Path) -> None:
@@ -606,7 +612,7 @@ def test_full_encode_where_pieces_do_not_encode_alone(tmp_path: Path) -> None:
     counter = TokenCounter(hf, verify_first=0, verify_every=0)
     assert not counter.stats.fast_path
     messages = [{"role": "user", "content": "a b"}, {"role": "assistant", "content": "c"}]
-    assert counter.count(Endpoint.CHAT, {"messages": messages}) == reference(hf, messages)
+    assert counter.count(dialects.named("chat"), {"messages": messages}) == reference(hf, messages)
 
 
 def test_a_mismatch_turns_the_fast_path_off_and_says_so(
@@ -620,17 +626,17 @@ def test_a_mismatch_turns_the_fast_path_off_and_says_so(
     assert counter.stats.encoder == "tiktoken"
     messages = [{"role": "user", "content": "xyz"}]
     with caplog.at_level(logging.WARNING, logger="modeltap.proxy.tokens"):
-        assert counter.count(Endpoint.CHAT, {"messages": messages}) == reference(tok, messages)
+        assert counter.count(dialects.named("chat"), {"messages": messages}) == reference(tok, messages)
     assert "token count mismatch" in caplog.text
     assert (counter.stats.mismatches, counter.stats.fast_path) == (1, False)
     later = [{"role": "user", "content": "xyz xyz"}]
-    assert counter.count(Endpoint.CHAT, {"messages": later}) == reference(tok, later)
+    assert counter.count(dialects.named("chat"), {"messages": later}) == reference(tok, later)
 
 
 def test_verification_on_the_first_requests_then_a_sample(qwen: PreTrainedTokenizerBase) -> None:
     counter = TokenCounter(qwen, verify_first=2, verify_every=5)
     for i in range(11):
-        counter.count(Endpoint.CHAT, {"messages": [{"role": "user", "content": f"turn {i}"}]})
+        counter.count(dialects.named("chat"), {"messages": [{"role": "user", "content": f"turn {i}"}]})
     # requests 1 and 2, then 5 and 10
     assert (counter.stats.verifications, counter.stats.mismatches) == (4, 0)
 
@@ -642,5 +648,5 @@ def test_the_segment_cache_stays_within_its_bound(qwen: PreTrainedTokenizerBase)
         messages.append(
             {"role": "user" if i % 2 == 0 else "assistant", "content": CODE[i * 300 : i * 300 + 400]}
         )
-        assert counter.count(Endpoint.CHAT, {"messages": messages}) == reference(qwen, messages)
+        assert counter.count(dialects.named("chat"), {"messages": messages}) == reference(qwen, messages)
         assert counter.stats.cached_chars <= 2_000

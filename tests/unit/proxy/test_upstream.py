@@ -9,9 +9,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from modeltap import dialects
 from modeltap.proxy.errors import NotFound, UpstreamTimeout, UpstreamUnreachable
-from modeltap.proxy.routes import Endpoint
 from modeltap.proxy.upstream import Upstream, map_client_error
+
+CHAT = dialects.named("chat")
 
 
 def upstream_app(log: list[str]) -> web.Application:
@@ -46,7 +48,7 @@ async def test_auto_falls_back_once_and_remembers(served: tuple[str, list[str]])
     async with aiohttp.ClientSession() as client:
         up = Upstream(base, "auto", client)
         for _ in range(3):
-            reply = await up.send(Endpoint.CHAT, "POST", "beta=true", {}, b"{}")
+            reply = await up.send(CHAT, "POST", "beta=true", {}, b"{}")
             assert reply.response.status == 200 and reply.path == "/chat/completions"
             reply.response.release()
     assert log == ["/v1/chat/completions?beta=true", "/chat/completions?beta=true",
@@ -56,7 +58,7 @@ async def test_auto_falls_back_once_and_remembers(served: tuple[str, list[str]])
 async def test_api_shaped_404_is_not_a_missing_route(served: tuple[str, list[str]]) -> None:
     base, log = served
     async with aiohttp.ClientSession() as client:
-        reply = await Upstream(base, "auto", client).send(Endpoint.EMBEDDINGS, "POST", "", {}, b"{}")
+        reply = await Upstream(base, "auto", client).send(dialects.named("embeddings"), "POST", "", {}, b"{}")
     assert reply.response.status == 404 and b"model_not_found" in (reply.body or b"")
     assert log == ["/v1/embeddings"]  # never tried the bare path
 
@@ -65,7 +67,7 @@ async def test_missing_everywhere_is_not_found(served: tuple[str, list[str]]) ->
     base, _ = served
     async with aiohttp.ClientSession() as client:
         with pytest.raises(NotFound, match="tried /v1/models, /models"):
-            await Upstream(base, "auto", client).send(Endpoint.MODELS, "GET", "", {}, None)
+            await Upstream(base, "auto", client).send(dialects.named("models"), "GET", "", {}, None)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +84,7 @@ async def test_fixed_layouts(
     base, log = served
     async with aiohttp.ClientSession() as client:
         try:
-            await Upstream(base + base_suffix, layout, client).send(Endpoint.CHAT, "POST", "", {}, b"{}")  # type: ignore[arg-type]
+            await Upstream(base + base_suffix, layout, client).send(CHAT, "POST", "", {}, b"{}")  # type: ignore[arg-type]
         except NotFound:
             pass
     assert log == [expected]
@@ -92,9 +94,9 @@ async def test_unreachable_and_timeout_map_to_502_and_504(served: tuple[str, lis
     base, _ = served
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=0.2)) as client:
         with pytest.raises(UpstreamUnreachable, match="cannot connect"):
-            await Upstream("http://127.0.0.1:1", "openai", client).send(Endpoint.CHAT, "POST", "", {}, b"{}")
+            await Upstream("http://127.0.0.1:1", "openai", client).send(CHAT, "POST", "", {}, b"{}")
         with pytest.raises(UpstreamTimeout, match="timed out"):
-            await Upstream(base + "/slow", "areal", client).send(Endpoint.CHAT, "POST", "", {}, b"{}")
+            await Upstream(base + "/slow", "areal", client).send(CHAT, "POST", "", {}, b"{}")
 
 
 @pytest.mark.parametrize(
@@ -115,8 +117,6 @@ def test_client_exceptions_map(exc: BaseException, status: int) -> None:
 async def test_auto_tries_the_bare_path_first_where_areal_is_installed(served: tuple[str, list[str]]) -> None:
     base, log = served
     async with aiohttp.ClientSession() as client:
-        reply = await Upstream(base, "auto", client, auto_first="areal").send(
-            Endpoint.CHAT, "POST", "", {}, b"{}"
-        )
+        reply = await Upstream(base, "auto", client, auto_first="areal").send(CHAT, "POST", "", {}, b"{}")
         reply.response.release()
     assert log == ["/chat/completions"]

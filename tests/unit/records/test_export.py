@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from modeltap.proxy.sse import StreamAssembler
+from modeltap import dialects
+from modeltap.dialects.sse import StreamAssembler, split_events
 from modeltap.records.exchange import Exchange
 from modeltap.records.export import JSONL_FORMAT_VERSION, conversation, har, write_export
 from modeltap.records.store import StoreReader
-from modeltap.records.streams import split_events, sse_events, stream_events
+from modeltap.records.streams import stream_events
 from tests.factories import (
     assistant,
     chat_completion,
@@ -63,7 +64,7 @@ RESPONSE = response(
 
 def assembled(endpoint: str, stream: bytes, step: int) -> tuple[dict[str, Any] | None, bool]:
     """What the proxy's own assembler rebuilds from `stream` fed `step` bytes at a time."""
-    assembler = StreamAssembler(endpoint)
+    assembler = StreamAssembler(dialects.named(endpoint))
     for start in range(0, len(stream), step):
         assembler.feed(stream[start : start + step])
     result = assembler.result()
@@ -76,7 +77,7 @@ def assembled(endpoint: str, stream: bytes, step: int) -> tuple[dict[str, Any] |
     [("chat", CHAT), ("completions", COMPLETION), ("messages", MESSAGE), ("responses", RESPONSE)],
 )
 def test_resynthesised_stream_rebuilds_the_recorded_body(endpoint: str, body: dict[str, Any]) -> None:
-    stream = b"".join(sse_events(endpoint, body, include_usage=True))
+    stream = b"".join(dialects.named(endpoint).synthesise(body, include_usage=True))
     for step in (1, 7, len(stream)):  # the client may read it split anywhere
         assert assembled(endpoint, stream, step) == (body, True)
 
@@ -105,8 +106,8 @@ def test_split_events_at_every_kind_of_blank_line() -> None:
     raw = b"event: a\ndata: 1\n\ndata: 2\r\n\r\ndata: 3\r\rdata: tail"
     assert split_events(raw) == [b"event: a\ndata: 1\n\n", b"data: 2\r\n\r\n", b"data: 3\r\r", b"data: tail"]
     assert b"".join(split_events(raw)) == raw
-    with pytest.raises(ValueError, match="no stream format"):
-        sse_events("embeddings", {}, include_usage=False)
+    with pytest.raises(ValueError, match="embeddings does not stream"):
+        dialects.named("embeddings").synthesise({}, include_usage=False)
 
 
 def row(
@@ -246,16 +247,22 @@ def refused() -> Exchange:
     body = {
         "error": {"message": "too long", "type": "invalid_request_error", "code": "context_length_exceeded"}
     }
-    ex = exchange(
-        None, body, session_id="s-h", request=b"{x", status=400, started=1700000003.0, ended=1700000003.001
+    return exchange(
+        None,
+        body,
+        session_id="s-h",
+        request=b"{x",
+        status=400,
+        started=1700000003.0,
+        ended=1700000003.001,
+        error_class="client_error",
+        error_message="too long",
     )
-    ex.fail("client_error", "too long")
-    return ex
 
 
 @pytest.mark.parametrize("keep_raw_sse", [False, True])
 async def test_har_is_valid_1_2_with_streamed_bodies(tmp_path: Path, keep_raw_sse: bool) -> None:
-    raw = b"".join(sse_events("chat", CHAT, include_usage=True)).replace(b"\n\n", b"\r\n\r\n")
+    raw = b"".join(dialects.named("chat").synthesise(CHAT, include_usage=True)).replace(b"\n\n", b"\r\n\r\n")
     await recorded(tmp_path / "r.db", streamed_chat(raw), refused(), keep_raw_sse=keep_raw_sse)
     with StoreReader(tmp_path / "r.db") as reader:
         log = json.loads(json.dumps(har(reader, "s-h")))["log"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from modeltap.proxy.sse import StreamAssembler
+from modeltap import dialects
+from modeltap.dialects.sse import StreamAssembler
+from modeltap.proxy.config import DEFAULT_MAX_BODY_BYTES
 from modeltap.records.exchange import Exchange
 from modeltap.records.replay import (
     Mock,
@@ -116,13 +119,13 @@ async def test_mock_answers_json_streams_and_errors_in_the_clients_shape(
     tmp_path: Path, aiohttp_client: ClientFactory
 ) -> None:
     streamed = chat("s1", "stream it", "streamed!", streamed=True, stream_complete=True, raw_sse=None)
-    failed = chat("s1", "too long", "x")
-    failed.status, failed.response = (
-        400,
-        {"error": {"message": "too long", "code": "context_length_exceeded"}},
+    failed = dataclasses.replace(
+        chat("s1", "too long", "x"),
+        status=400,
+        response={"error": {"message": "too long", "code": "context_length_exceeded"}},
     )
     path = await recorded(tmp_path / "r.db", chat("s1", "hi", "hello"), streamed, failed)
-    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1")))
+    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1"), DEFAULT_MAX_BODY_BYTES))
 
     plain = await client.post("/v1/chat/completions", json=ask("hi"))
     assert plain.status == 200 and (await plain.json()) == reply("hello")
@@ -133,7 +136,7 @@ async def test_mock_answers_json_streams_and_errors_in_the_clients_shape(
 
     stream = await client.post("/chat/completions", json=ask("stream it", stream=True))
     assert stream.headers["Content-Type"] == "text/event-stream"
-    assembler = StreamAssembler("chat")
+    assembler = StreamAssembler(dialects.named("chat"))
     chunks = []
     async for chunk in stream.content.iter_any():
         chunks.append(chunk)
@@ -171,16 +174,19 @@ async def test_mock_replays_raw_sse_byte_for_byte_event_by_event(
     raw += b"data: [DONE]\n\n"
     ex = chat("s1", "hi", "4", streamed=True, stream_complete=True, raw_sse=raw)
     path = await recorded(tmp_path / "r.db", ex, keep_raw_sse=True)
-    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1")))
+    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1"), DEFAULT_MAX_BODY_BYTES))
     response = await client.post("/v1/chat/completions", json=ask("other words", stream=True))
     assert await response.read() == raw
 
 
 async def test_realtime_mock_keeps_the_recorded_pace(tmp_path: Path, aiohttp_client: ClientFactory) -> None:
-    ex = chat("s1", "hi", "4", streamed=True, stream_complete=True)
-    ex.started, ex.first_byte, ex.ended = 10.0, 10.3, 10.6
+    ex = dataclasses.replace(
+        chat("s1", "hi", "4", streamed=True, stream_complete=True), started=10.0, first_byte=10.3, ended=10.6
+    )
     path = await recorded(tmp_path / "r.db", ex)
-    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1", realtime=True)))
+    client: TestClient = await aiohttp_client(
+        mock_app(load_mock(path, session="s1", realtime=True), DEFAULT_MAX_BODY_BYTES)
+    )
     loop = asyncio.get_running_loop()
     started = loop.time()
     response = await client.post("/v1/chat/completions", json=ask("hi", stream=True))

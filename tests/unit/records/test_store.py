@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import sqlite3
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from modeltap.records.exchange import Exchange
+from modeltap.records.exchange import Exchange, SessionEvent
 from modeltap.records.store import SCHEMA_VERSION, RecordStore, StoreClosed, StoreReader, connect, migrate
 from tests.factories import exchange
 
@@ -115,8 +116,8 @@ async def test_closed_store_refuses(tmp_path: Path) -> None:
 async def test_sessions_are_listed_before_their_first_exchange(tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "r.db")
     store.start()
-    store.record_session("s-new", {"agent": "solver"}, "http://up")
-    store.record_session("s-new", {"agent": "solver"}, "http://up", closed=True)
+    store.on_session(SessionEvent("opened", "s-new", {"agent": "solver"}, "http://up"))
+    store.on_session(SessionEvent("closed", "s-new", {"agent": "solver"}, "http://up"))
     await store.close()
     with StoreReader(tmp_path / "r.db") as reader:
         [session] = reader.sessions()
@@ -141,8 +142,9 @@ def test_reader_is_read_only_and_checks_the_version(tmp_path: Path) -> None:
 async def test_a_bad_record_costs_only_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = RecordStore(tmp_path / "r.db")
     store.start()
-    poison = chat_exchange("p", 0)
-    poison.labels = {"task": object()}  # type: ignore[dict-item]  # not JSON: its write fails
+    poison = dataclasses.replace(
+        chat_exchange("p", 0), labels={"task": object()}
+    )  # not JSON: its write fails
     await asyncio.gather(*(store.submit(e) for e in [chat_exchange("p", 0), poison, chat_exchange("p", 1)]))
     with pytest.raises(TypeError):
         await store.submit(poison, wait=True)

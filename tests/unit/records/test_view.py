@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from modeltap.records.exchange import Exchange
+from modeltap.records.exchange import Exchange, SessionEvent
 from modeltap.records.store import RecordStore, StoreReader
 from modeltap.records.view import (
     follow,
@@ -101,9 +101,12 @@ async def test_errors_budget_and_parse_failures_are_part_of_the_turn(tmp_path: P
         "note": None,
     }
     overflow = chat(
-        [SYSTEM, ASK], {"error": {"message": "maximum context length is 1000 tokens"}}, status=400
+        [SYSTEM, ASK],
+        {"error": {"message": "maximum context length is 1000 tokens"}},
+        status=400,
+        error_class="model_fault",
+        error_message="This model's maximum context length is 1000 tokens.",
     )
-    overflow.fail("model_fault", "This model's maximum context length is 1000 tokens.")
     broken = chat_reply()
     broken["choices"][0]["finish_reason"] = "tool_calls"  # AReaL's failed tool-call parse
     rows = await recorded_rows(tmp_path / "r.db", chat([SYSTEM, ASK], broken, budget=budget), overflow)
@@ -196,7 +199,7 @@ async def test_resolve_session_by_prefix(tmp_path: Path) -> None:
     store = RecordStore(tmp_path / "r.db")
     store.start()
     for sid in ("s-abc1", "s-abc2", "s-xyz"):
-        store.record_session(sid, {}, None)
+        store.on_session(SessionEvent("opened", sid))
     await store.close()
     with StoreReader(tmp_path / "r.db") as reader:
         assert resolve_session(reader, "s-x") == "s-xyz"

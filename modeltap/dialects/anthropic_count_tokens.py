@@ -1,0 +1,37 @@
+"""Anthropic count_tokens: `POST /v1/messages/count_tokens`, a messages body in, `{"input_tokens"}` out.
+
+Owns: the route (under `/v1` on AReaL too, which does not serve it), Anthropic's error shape, the
+prompt (the messages body's own, counted exactly as `/v1/messages` would count it) and the answer,
+which modeltap gives itself when it has the served model's tokenizer. Claude Code calls it before long
+requests (docs/agents.md §2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modeltap.dialects import anthropic_messages
+from modeltap.dialects.base import ApiError, Dialect, Prompt
+
+
+class CountTokens(Dialect):
+    name = "count_tokens"
+    route = "messages/count_tokens"
+    areal_v1 = True
+    counts_prompt = True
+    request_headers = anthropic_messages.Messages.request_headers
+
+    def credential_headers(self, key: str) -> dict[str, str]:
+        return anthropic_messages.DIALECT.credential_headers(key)
+
+    def error_body(self, error: ApiError) -> dict[str, Any]:
+        return anthropic_messages.DIALECT.error_body(error)
+
+    def prompt(self, body: dict[str, Any], *, openai_typed: bool = False) -> Prompt:
+        return anthropic_messages.DIALECT.prompt(body)
+
+    def count_answer(self, prompt_tokens: int) -> dict[str, Any]:
+        return {"input_tokens": prompt_tokens}
+
+
+DIALECT = CountTokens()

@@ -1,0 +1,390 @@
+"""The Dialect protocol: what modeltap needs to know about one wire format, asked in one place.
+
+A dialect is one API format an agent speaks: OpenAI chat completions, legacy completions, Responses,
+embeddings and models, Anthropic messages and count_tokens. Each lives in a module of its own in this
+package, as one `Dialect` subclass, and is listed once in the registry (`modeltap/dialects/__init__.py`).
+The proxy, the records and the adapter look a format up by route or by name and ask it; none of them
+branches on format names.
+
+A dialect answers, for its format:
+
+- routing: its route (`route`, the path after `/v1`), `method`, whether AReaL serves it under `/v1`
+  (`areal_v1`), whether it streams (`streams`) and which headers carry a key (`credential_headers`);
+- errors: `error_body`, the JSON its clients parse, and `context_overflow`, the refusal they act on;
+- budgets: `completion_field`, the request field that caps the completion, and `prompt`, what the
+  served model's chat template renders;
+- streams: `assembler` (rebuild the final body from events) and `synthesise` (the events of a body);
+- records: `summary` (finish reason, reply, tool calls, usage), `new_messages` (what a turn added),
+  `conversation` (the exchange as OpenAI chat messages) and `tool_call_parse_failure`.
+
+Adding a format: write `modeltap/dialects/<format>.py` with a `Dialect` subclass overriding what the
+format has (the defaults say "nothing of that kind"), end it with `DIALECT = MyFormat()`, and add that
+object to `DIALECTS` in `modeltap/dialects/__init__.py`.
+
+Plain functions and classes over bytes and dicts: no I/O, no aiohttp. Stored bodies come from any
+upstream, so every reader here takes odd JSON (a missing field, a field of the wrong type) as absent
+and never raises on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+# The path prefix of a session URL, `/s/TOKEN/...` (modeltap.proxy.sessions issues the tokens).
+SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
+# AReaL answers `"model": "None"` (docs/areal.md §1.1): that names no model, so the request's model is
+# shown instead.
+_NO_MODEL = frozenset({"", "None"})
+
+
+@dataclass(frozen=True, slots=True)
+class ApiError:
+    """An error as modeltap states it, before a dialect shapes it: the message and the type and code
+    each error shape uses (OpenAI's `type` and `code`, Anthropic's `type`)."""
+
+    message: str
+    openai_type: str = "invalid_request_error"
+    anthropic_type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A request's prompt as a chat template renders it: messages, tools and the request's own
+    `chat_template_kwargs`."""
+
+    messages: list[Any]
+    tools: list[Any] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    """A legacy completions prompt: text, token ids, or a batch of either, rendered by no template."""
+
+    prompt: Any
+
+
+Prompt = ChatPrompt | TextPrompt
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """One exchange at a glance, whatever its format. `tool_calls` holds `{"id", "name", "arguments"}`
+    dicts, arguments as JSON text in every format; token counts are None when the body has no usage."""
+
+    finish_reason: str | None = None
+    text: str | None = None
+    tool_calls: list[dict[str, str | None]] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """An exchange as OpenAI chat: its request's history followed by the reply, and its function tools
+    (the shape of one line of an SFT set)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+
+Reading = tuple[str | None, str | None, list[dict[str, str | None]]]
+"""(finish reason, reply text, tool calls) of one response body."""
+
+
+class Assembler(Protocol):
+    """Rebuilds one stream's final body from its events' JSON (see modeltap.dialects.sse)."""
+
+    END: ClassVar[str]
+    """What a properly ended stream ends with, for the message when it does not."""
+
+    def add(self, obj: dict[str, Any]) -> bool:
+        """Take one event's JSON; True when it is the stream's terminal event."""
+        ...
+
+    def body(self) -> dict[str, Any] | None:
+        """The non-streamed body rebuilt from the events so far."""
+        ...
+
+
+class Dialect:
+    """One wire format. The defaults describe a format that has none of the optional parts: no budget,
+    no stream, no conversation, OpenAI-shaped errors."""
+
+    name: ClassVar[str]
+    """The format's name in the records (`endpoint`): "chat", "messages", ..."""
+    route: ClassVar[str]
+    """The path after `/v1`: "chat/completions", "messages/count_tokens", ..."""
+    method: ClassVar[str] = "POST"
+    item_route: ClassVar[bool] = False
+    """Whether `ROUTE/{id}` names one item (`GET /v1/models/{id}`)."""
+    areal_v1: ClassVar[bool] = False
+    """Whether AReaL <= 2.1.0 serves it under `/v1` rather than at the bare path (docs/areal.md §1.1)."""
+    streams: ClassVar[bool] = False
+    """Whether it answers `stream: true` with server-sent events."""
+    history_field: ClassVar[str | None] = None
+    """The request field holding the conversation, a list that grows by turns."""
+    context_fields: ClassVar[tuple[str, ...]] = ()
+    """Request fields repeated whole from turn to turn (tools, a system prompt)."""
+    system_field: ClassVar[str | None] = None
+    """The request field holding a system prompt kept outside the history."""
+    counts_prompt: ClassVar[bool] = False
+    """Whether its answer is the prompt's token count, which modeltap can give itself."""
+    request_headers: ClassVar[Mapping[str, str]] = {}
+    """Headers a request of this format needs besides its body (a replay sends them)."""
+
+    def __repr__(self) -> str:
+        return f"<dialect {self.name}>"
+
+    # -- routing and errors ---------------------------------------------------------------------------
+
+    def credential_headers(self, key: str) -> dict[str, str]:
+        """The headers that carry an upstream API key."""
+        return {"Authorization": f"Bearer {key}"}
+
+    def error_body(self, error: ApiError) -> dict[str, Any]:
+        """`{"error": {"message", "type", "param", "code"}}`, as the openai SDK and opencode parse it."""
+        return {
+            "error": {
+                "message": error.message,
+                "type": error.openai_type,
+                "param": error.param,
+                "code": error.code,
+            }
+        }
+
+    def context_overflow(
+        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int
+    ) -> ApiError:
+        """The refusal of a prompt that does not fit: OpenAI's `context_length_exceeded`, whose text
+        agents compact on (docs/token-budgets.md §4). `limit` is the most prompt + completion tokens,
+        `max_prompt_tokens` the most prompt tokens that leave room for the completion."""
+        return ApiError(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{completion_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            code="context_length_exceeded",
+            param="messages",
+        )
+
+    def local_answer(self, served_models: Sequence[str], started: float, item: str | None) -> Any:
+        """What modeltap answers itself when the upstream does not serve this route, or None."""
+        return None
+
+    def areal_body(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The body rewritten so that AReaL's proxy can render it, or None when it needs no change."""
+        return None
+
+    def count_answer(self, prompt_tokens: int) -> dict[str, Any]:
+        """The answer of a `counts_prompt` format."""
+        raise NotImplementedError(f"{self.name} does not answer with a token count")
+
+    # -- budgets --------------------------------------------------------------------------------------
+
+    def completion_field(self, body: Mapping[str, Any]) -> str | None:
+        """The request field carrying the completion cap M (the one the client used, else the one to
+        add), or None for a format that generates nothing and so has no budget."""
+        return None
+
+    def prompt(self, body: dict[str, Any], *, openai_typed: bool = False) -> Prompt:
+        """The prompt the served model renders for `body`. `openai_typed`: the server validates chat
+        bodies against the openai SDK's types first (AReaL, docs/areal.md §1.1). Raises TypeError,
+        KeyError or ValueError for a body that holds no renderable prompt."""
+        raise ValueError(f"{self.name} requests have no prompt to count")
+
+    # -- streams --------------------------------------------------------------------------------------
+
+    def assembler(self) -> Assembler:
+        """A fresh stream assembler for one exchange."""
+        raise ValueError(f"{self.name} does not stream")
+
+    def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
+        """A final body as the SSE events that stream it, each ending in its blank line."""
+        raise ValueError(f"{self.name} does not stream")
+
+    # -- records --------------------------------------------------------------------------------------
+
+    def read(self, reply: dict[str, Any]) -> Reading:
+        """(finish reason, reply text, tool calls) of a response body."""
+        return None, None, []
+
+    def usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(prompt, completion) tokens from the body's OpenAI-style usage."""
+        usage = as_dict(reply.get("usage"))
+        return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
+
+    def summary(self, request: Any, response: Any) -> Summary:
+        """The exchange at a glance.
+
+        >>> from modeltap.dialects import named
+        >>> reply = {"choices": [{"message": {"content": "42"}, "finish_reason": "stop"}],
+        ...          "model": "None", "usage": {"prompt_tokens": 9}}
+        >>> summary = named("chat").summary({"model": "m"}, reply)
+        >>> summary.text, summary.finish_reason, summary.prompt_tokens, summary.model
+        ('42', 'stop', 9, 'm')
+        """
+        reply = as_dict(response)
+        finish_reason, text, tool_calls = self.read(reply)
+        prompt_tokens, completion_tokens = self.usage(reply)
+        model = as_str(reply.get("model"))
+        if model is None or model in _NO_MODEL:
+            model = as_str(as_dict(request).get("model"))
+        return Summary(finish_reason, text, tool_calls, prompt_tokens, completion_tokens, model)
+
+    def new_messages(self, request: Any, previous: Any) -> list[Any]:
+        """The messages `request` added against `previous`, the request of the turn it continues.
+
+        Everything after the longest common prefix of the two histories, so a turn shows the previous
+        reply as the agent echoed it back plus the tool results or user message that follow; a
+        history the agent rewrote (compaction, a side request) shows from the first changed message.
+        A system prompt kept outside the history comes first as a `{"role": "system"}` message when it
+        is new or changed.
+        """
+        if self.history_field is None:
+            return []
+        current, earlier_request = as_dict(request), as_dict(previous)
+        history = self.history(current)
+        earlier = self.continued_history(current, earlier_request) if previous is not None else []
+        start = 0
+        while start < min(len(history), len(earlier)) and same_message(history[start], earlier[start]):
+            start += 1
+        added = history[start:]
+        if self.system_field is not None:
+            system = current.get(self.system_field)
+            if system and (
+                previous is None or not same_message(system, earlier_request.get(self.system_field))
+            ):
+                added.insert(0, {"role": "system", "content": system})
+        return added
+
+    def continued_history(self, request: dict[str, Any], previous: dict[str, Any]) -> list[Any]:
+        """The history of `previous` that `request` repeats before what it adds."""
+        return self.history(previous)
+
+    def history(self, request: dict[str, Any]) -> list[Any]:
+        """The request's conversation as a list."""
+        value = request.get(self.history_field) if self.history_field else None
+        return list(value) if isinstance(value, list) else []
+
+    def conversation(
+        self,
+        request: dict[str, Any],
+        response: dict[str, Any],
+        session: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
+    ) -> Conversation | None:
+        """The exchange as OpenAI chat messages and function tools, or None for a format that holds no
+        conversation. `session` holds the (request, response) pairs of the session's earlier
+        successful exchanges of this format, for a format whose requests refer back to them."""
+        return None
+
+    def tool_call_parse_failure(self, response: Any) -> bool:
+        """Whether the reply says "tool call" but carries none: AReaL's sign that the model's tool-call
+        output failed to parse (docs/areal.md §4.2). A model fault, not a broken run."""
+        return False
+
+
+# -- routes -------------------------------------------------------------------------------------------
+
+
+def route_suffix(path: str) -> tuple[str | None, str]:
+    """(session token, route) of a path without its query: `/s/TOKEN` and any number of leading `v1`
+    segments taken off (Claude Code and the anthropic SDK append `/v1` to a base URL that already ends
+    in it: docs/agents.md §2).
+
+    >>> route_suffix("/s/" + "A" * 22 + "/v1/v1/messages")
+    ('AAAAAAAAAAAAAAAAAAAAAA', 'messages')
+    """
+    rest = path.strip("/")
+    token = None
+    match = SESSION_PREFIX.match(rest)
+    if match:
+        token, rest = match.group(1), match.group(2) or ""
+    while rest == "v1" or rest.startswith("v1/"):
+        rest = rest[3:]
+    return token, rest
+
+
+# -- reading odd JSON ---------------------------------------------------------------------------------
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def dicts_in(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def as_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def as_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, str | None]:
+    """One tool call as a Summary holds it; arguments that arrived as an object (Anthropic `input`)
+    become JSON text."""
+    if arguments is not None and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {"id": as_str(call_id), "name": as_str(name), "arguments": arguments}
+
+
+def chat_tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """One tool call as an OpenAI chat message carries it (arguments as JSON text)."""
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_function(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
+    """One OpenAI chat function tool, without the fields that are None."""
+    function = {"name": name, "description": description, "parameters": parameters}
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+
+
+def text_of(content: Any, joiner: str = "\n") -> str:
+    """Content as text: a string as it is, the text parts of a list joined."""
+    if isinstance(content, str):
+        return content
+    return joiner.join(part["text"] for part in dicts_in(content) if isinstance(part.get("text"), str))
+
+
+def part_texts(parts: Any, kind: str) -> list[str]:
+    """The texts of the parts of type `kind`."""
+    return [as_str(part.get("text")) or "" for part in dicts_in(parts) if part.get("type") == kind]
+
+
+def same_message(a: Any, b: Any) -> bool:
+    """Whether two messages are the same message. Claude Code moves its `cache_control` marker to the
+    newest message each turn (docs/agents.md §2), so an old message that lost it is still the same."""
+    return bool(a == b or without_key(a, "cache_control") == without_key(b, "cache_control"))
+
+
+def without_key(value: Any, key: str) -> Any:
+    """`value` with `key` dropped from every object in it, however deep, without recursion (a body
+    nested thousands deep must not exhaust the stack)."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, list[Any] | dict[str, Any], Any]] = [(value, root, 0)]
+    while stack:
+        item, parent, slot = stack.pop()
+        if isinstance(item, dict):
+            copy: dict[str, Any] = {}
+            parent[slot] = copy
+            stack.extend((v, copy, k) for k, v in item.items() if k != key)
+        elif isinstance(item, list):
+            items: list[Any] = [None] * len(item)
+            parent[slot] = items
+            stack.extend((v, items, i) for i, v in enumerate(item))
+        else:
+            parent[slot] = item
+    return root[0]

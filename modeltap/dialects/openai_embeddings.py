@@ -1,0 +1,14 @@
+"""OpenAI embeddings: `POST /v1/embeddings`. Relayed and recorded; nothing is generated, so it has no
+budget and no stream, and its usage (`prompt_tokens`) is all a summary reads."""
+
+from __future__ import annotations
+
+from modeltap.dialects.base import Dialect
+
+
+class Embeddings(Dialect):
+    name = "embeddings"
+    route = "embeddings"
+
+
+DIALECT = Embeddings()
