@@ -1,11 +1,12 @@
 """The installed AReaL and what it can do, read from package metadata: AReaL itself is never imported.
 
-Owns: the installed version (importlib.metadata), a tiny version comparison, and the capabilities
-that depend on it. Does not own: talking to AReaL (proxy/upstream.py) or adapting to a missing
-capability (adapter/workflow.py, proxy/upstream.py's `auto` layout).
+Owns: the installed version (importlib.metadata), comparing it with the last release of a kind
+(`packaging.version`, PEP 440), and the capabilities that depend on it. Does not own: talking to
+AReaL (proxy/upstream.py) or adapting to a missing capability (adapter/workflow.py,
+proxy/upstream.py's `auto` layout).
 
-Importing `areal` runs its whole package init (torch, ray, transformers; 8-10 s,
-shared/reference/areal-tier.md §2), so this module only reads the distribution's metadata.
+Importing `areal` runs its whole package init (torch, ray, transformers; 8-10 s, docs/areal.md §10.2),
+so this module only reads the distribution's metadata.
 
     >>> capabilities("2.1.0").serves_v1_chat
     False
@@ -15,28 +16,19 @@ shared/reference/areal-tier.md §2), so this module only reads the distribution'
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Literal
 
-# The PyPI distribution (shared/reference/areal-tier.md §1: `pip download areal==1.0.4`).
+from packaging.version import InvalidVersion, Version
+
+# The PyPI distribution (docs/areal.md §10.1: `pip download areal==1.0.4`).
 AREAL_DISTRIBUTION = "areal"
 # The last release whose proxy serves chat only at the bare `/chat/completions` and has no
-# `should_reject_failed_sample` hook: both arrive on main after it (areal-proxy-protocol.md §2, §3.4;
-# issue 6). Earlier layouts (v0.4-v1.0.0rc1) put a session id in the base URL, but chat is still
-# `{base}/chat/completions` there, so "bare" holds for every release up to this one.
+# `should_reject_failed_sample` hook: both are expected after it (docs/areal.md §2, §3.4 say what is
+# public of them). Earlier layouts (v0.4-v1.0.0rc1) put a session id in the base URL, but chat is
+# still `{base}/chat/completions` there, so "bare" holds for every release up to this one.
 LAST_BARE_ONLY_RELEASE = "2.1.0"
-
-# PEP 440, as far as a comparison needs it: release, pre-release, post-release, dev, local.
-_VERSION = re.compile(
-    r"v?(?P<release>\d+(?:\.\d+)*)"
-    r"(?P<pre>[-_.]?(?:a|alpha|b|beta|c|rc|pre|preview)[-_.]?\d*)?"
-    r"(?P<post>[-_.]?(?:post|rev|r)[-_.]?\d*|-\d+)?"
-    r"(?P<dev>[-_.]?dev[-_.]?\d*)?"
-    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?",
-    re.IGNORECASE,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +37,10 @@ class ArealCapabilities:
 
     `version` is None when AReaL is not installed. `serves_v1_chat`: the proxy also answers
     `/v1/chat/completions` (after 2.1.0; up to 2.1.0 that path is FastAPI's 404 `{"detail":"Not
-    Found"}`, areal-proxy-protocol.md §2). `honours_should_reject_failed_sample`: a failed sample is
-    left out alone instead of failing its whole group (after 2.1.0; before, `GroupedRolloutWorkflow`
-    gathers without `return_exceptions`, §3.4). `auto_first`: the layout the proxy's `auto` mode tries
-    first, `areal` wherever AReaL is installed, since the bare path works on every AReaL release.
+    Found"}`, docs/areal.md §2). `honours_should_reject_failed_sample`: a failed sample is left out
+    alone instead of failing its whole group (after 2.1.0; before, `GroupedRolloutWorkflow` gathers
+    without `return_exceptions`, docs/areal.md §3.4). `auto_first`: the layout the proxy's `auto` mode
+    tries first, `areal` wherever AReaL is installed, since the bare path works on every AReaL release.
     """
 
     version: str | None
@@ -65,28 +57,20 @@ def installed_version() -> str | None:
         return None
 
 
-def release_key(version: str) -> tuple[tuple[int, ...], int]:
-    """A sort key for `version`: its release numbers without trailing zeros, and -1 for a pre-release or
-    dev build (which comes before its release), else 0.
+def is_later_release(version: str, than: str) -> bool:
+    """Whether `version` belongs to a release later than `than`.
 
     Post-releases and local builds (`2.1.0.post1`, `2.1.0+abc`) count as their release: they are fixes
-    on a release branch, not the main branch that gained the new capabilities.
+    on a release branch, not the main branch that gained the new capabilities. A pre-release or dev
+    build of a later release is later. Raises ValueError for a string that is not a PEP 440 version.
 
-    Raises ValueError for a string that is not a version.
-
-    >>> release_key("2.1") == release_key("2.1.0+local")
-    True
-    >>> release_key("2.1.0rc1") < release_key("2.1.0") < release_key("2.2.0.dev0")
-    True
+    >>> is_later_release("2.1.0.post1", "2.1.0"), is_later_release("2.2.0.dev0", "2.1.0")
+    (False, True)
     """
-    match = _VERSION.fullmatch(version.strip())
-    if match is None:
-        raise ValueError(f"not a version: {version!r}")
-    release = [int(part) for part in match["release"].split(".")]
-    while len(release) > 1 and release[-1] == 0:
-        release.pop()
-    prerelease = bool(match["pre"]) or (bool(match["dev"]) and not match["post"])
-    return tuple(release), -1 if prerelease else 0
+    try:
+        return Version(Version(version).base_version) > Version(than)
+    except InvalidVersion as exc:
+        raise ValueError(f"not a version: {version!r}") from exc
 
 
 def capabilities(version: str | None) -> ArealCapabilities:
@@ -96,7 +80,7 @@ def capabilities(version: str | None) -> ArealCapabilities:
     works everywhere, and assuming the hook where it is missing would lose whole groups.
     """
     try:
-        after = version is not None and release_key(version) > release_key(LAST_BARE_ONLY_RELEASE)
+        after = version is not None and is_later_release(version, LAST_BARE_ONLY_RELEASE)
     except ValueError:
         after = False
     return ArealCapabilities(

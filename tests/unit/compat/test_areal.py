@@ -17,7 +17,7 @@ from modeltap.compat.areal import (
     capabilities,
     installed_capabilities,
     installed_version,
-    release_key,
+    is_later_release,
 )
 
 
@@ -63,6 +63,9 @@ def test_reads_the_installed_version_without_importing_areal(install_areal):
         ("2.1.0rc1", False),
         ("2.1.0.post1", False),
         ("2.1.0+cu128", False),
+        ("v2.1.0", False),
+        ("2.1.0-1", False),  # PEP 440's other spelling of a post-release
+        ("2.1", False),
         ("2.1.1", True),
         ("2.2.0.dev0", True),
         ("3.0", True),
@@ -85,30 +88,10 @@ def test_an_unparseable_version_gets_the_conservative_capabilities():
     assert caps.auto_first == "areal"
 
 
-@pytest.mark.parametrize(
-    ("lower", "higher"),
-    [
-        ("2.1.0rc1", "2.1.0"),
-        ("2.1.0.dev3", "2.1.0"),
-        ("2.0.9", "2.1"),
-        ("2.1.0", "2.1.1.dev0"),
-        ("1.10.0", "2.0.0"),
-        ("2.9.0", "2.10.0"),
-    ],
-)
-def test_release_key_orders_versions(lower, higher):
-    assert release_key(lower) < release_key(higher)
-
-
-@pytest.mark.parametrize("same", ["2.1", "2.1.0", "v2.1.0", "2.1.0.post2", "2.1.0+local.1", "2.1.0-1"])
-def test_release_key_equal_to_the_release(same):
-    assert release_key(same) == release_key("2.1.0")
-
-
 @pytest.mark.parametrize("bad", ["", "main", "2.x", "2.1.0 beta"])
-def test_release_key_refuses_what_is_not_a_version(bad):
+def test_what_is_not_a_version_is_refused(bad):
     with pytest.raises(ValueError, match="not a version"):
-        release_key(bad)
+        is_later_release(bad, "2.1.0")
 
 
 def test_tool_use_only_assistant_turns_get_an_empty_text_block_for_areal() -> None:
