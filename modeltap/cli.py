@@ -1,7 +1,7 @@
 """The `modeltap` command. It parses arguments and calls the library; nothing else lives here.
 
 Every option has one spelling across commands, and `MODELTAP_<OPTION>` in the environment as its
-fallback (a flag wins): DESIGN §3.5.
+fallback (a flag wins). The proxy's flags are generated from ProxyConfig's fields.
 """
 
 from __future__ import annotations

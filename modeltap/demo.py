@@ -1,7 +1,7 @@
 """`modeltap demo`: the main job on embedded defaults, start to finish, on loopback.
 
 It starts a scripted stand-in model laid out like AReaL's proxy (chat only at the bare path, so a
-client configured with `/v1` would get 404 without modeltap: areal-proxy-protocol.md §1.1), puts
+client configured with `/v1` would get 404 without modeltap: docs/areal.md §1.1.1), puts
 modeltap in front of it, plays a short tool-using agent conversation through it with the openai SDK
 (and with opencode when it is installed), and prints what was recorded.
 
@@ -48,7 +48,7 @@ _NPM_BINS = [
     Path(".cache/npm/node_modules/.bin"),
     Path(__file__).resolve().parents[1] / ".cache/npm/node_modules/.bin",
 ]
-# opencode run offline: every network feature off (shared/reference/agent-clients.md, "opencode").
+# opencode run offline: every network feature off (docs/agents.md §3.2).
 _OPENCODE_FLAGS = [
     "OPENCODE_" + flag
     for flag in (
@@ -229,7 +229,7 @@ def _opencode_env(home: str, base_url: str) -> dict[str, str]:
         "HOME": home,
         **xdg,
         **dict.fromkeys(_OPENCODE_FLAGS, "1"),
-        # Without this opencode installs a plugin from the npm registry on every start (agent-clients.md).
+        # Without this opencode installs a plugin from the npm registry on every start (docs/agents.md §3.3).
         "npm_config_offline": "true",
         "OPENCODE_CONFIG_CONTENT": json.dumps(config),
     }

@@ -63,7 +63,7 @@ CHECK_KINDS: tuple[CheckKind, ...] = ("contains", "regex", "exact", "command", "
 TEMPLATE_VARIABLES = frozenset({"prompt", "task_id", "base_url", "api_key", "model", "workdir", "home"})
 # Long enough for an agent CLI to start, make a few model calls and run a tool; short enough that a
 # hung sandbox frees its slot well within AReaL's default request_timeout of 3600 s
-# (shared/reference/areal-proxy-protocol.md §4.3).
+# (docs/areal.md §4.3).
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_WORKDIR = "/work"
 

@@ -230,7 +230,7 @@ async def _read_answer(sandbox: Sandbox, agent: Agent, result: ExecResult) -> st
 
 def _opencode_answer(stdout: str) -> str | None:
     """The text of the final step of `opencode run --format json` (one JSON event per line:
-    step_start, tool_use, text, step_finish; shared/reference/agent-clients.md)."""
+    step_start, tool_use, text, step_finish; docs/agents.md §3.4)."""
     texts: list[str] = []
     for line in stdout.splitlines():
         try:

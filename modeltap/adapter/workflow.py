@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 FailurePolicy = Literal["auto", "raise", "zero-model-faults", "zero"]
 FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("auto", "raise", "zero-model-faults", "zero")
 # The adapter's proxy, unless proxy={...} says otherwise:
-# - every interface, so containers reach it through the bridge gateway (DESIGN §6);
+# - every interface, so containers reach it through the bridge gateway (docs/areal.md §6);
 # - AReaL's path layout, which every AReaL version serves (docs/areal.md §2);
 # - sync: each exchange is committed before its response ends, so a run's records are all in the
 #   store when its reward is returned.

@@ -6,8 +6,7 @@ and classify it for the record. Does not own: sending requests (proxy/upstream.p
 to fall back (also upstream.py, which asks `is_route_level_404` here).
 
 AReaL <= 2.1.0 serves chat and responses at the bare path and Anthropic messages at `/v1/messages`
-(docs/areal.md §1.1, §2); vLLM, SGLang and OpenAI serve everything under
-`/v1`.
+(docs/areal.md §1.1.1, §2); vLLM, SGLang and OpenAI serve everything under `/v1`.
 """
 
 from __future__ import annotations
@@ -78,8 +77,8 @@ def is_route_level_404(status: int, body: bytes) -> bool:
 # --- Upstream error bodies --------------------------------------------------------------------------
 #
 # Every backend words and shapes its errors differently; the record wants one small value and one
-# class per exchange (DESIGN §3.4). The shapes, as measured (areal-proxy-protocol.md §1.1 for AReaL,
-# token-budgets.md §1.4, §2.3, §4.1, §4.2 for the rest):
+# class per exchange. The shapes, as measured (docs/areal.md §1.1.4 for AReaL,
+# docs/token-budgets.md §1.4, §2.3, §4.1, §4.2 for the rest):
 #   FastAPI / AReaL     {"detail": "..."} or {"detail": [{"loc", "msg", "type"}, ...]}
 #   SGLang, old vLLM    {"object": "error", "message", "type", "param", "code": 400}
 #   vLLM, OpenAI        {"error": {"message", "type", "param", "code"}}
@@ -104,9 +103,9 @@ class ErrorInfo:
 
 # A context overflow, in every wording we know of, lower-cased. Each says the prompt (or prompt plus
 # requested completion) outgrew the window: the conversation's fault, so the sample trains as reward 0
-# instead of being rejected (DESIGN §6).
+# instead of being rejected (docs/areal.md §4).
 _OVERFLOW_PHRASES = (
-    # LiteLLM's list (token-budgets.md §6)
+    # LiteLLM's list (docs/token-budgets.md §6)
     "this model's maximum context length is",  # OpenAI §4.1; vLLM v0.9, v0.11, 0.20-0.25, 0.33 (§2.1-2.2)
     "requested token count exceeds the model's maximum context length",  # SGLang total check (§1.1)
     "is longer than the model's context length",  # SGLang, prompt alone (§1.1)
@@ -118,7 +117,7 @@ _OVERFLOW_PHRASES = (
     "the model's context length is only",  # vLLM renderer era (§2.2)
     "exceed context limit",  # Anthropic "input length and `max_tokens` exceed context limit" (§4.2)
     "contextwindowexceedederror",  # a LiteLLM between us and the model (§6)
-    # AReaL's 500 details (areal-proxy-protocol.md §4.1; token-budgets.md §3)
+    # AReaL's 500 details (docs/areal.md §4.1; docs/token-budgets.md §3)
     "exceeds max_total_tokens",  # chat, messages; also inside "Streaming setup failed: 500: ..."
     "exceeds engine_max_tokens",  # /responses
     "is non-positive!",  # the hidden 32768 cap, "max_new_tokens (X) is non-positive!"
@@ -126,14 +125,14 @@ _OVERFLOW_PHRASES = (
 )
 _OVERFLOW_CODES = frozenset({"context_length_exceeded"})
 # AReaL gives up on its backend after `request_retries` and reports "Failed after N retries each.
-# Payload: {...}. Addr: .... Endpoint: /generate. Last error: ..." (areal-proxy-protocol.md §4.1, which
+# Payload: {...}. Addr: .... Endpoint: /generate. Last error: ..." (docs/areal.md §4.1, which
 # lists it among the prompt-too-long details: the backend's refusal of an over-long input is what
 # exhausts the retries when engine_max_tokens exceeds the backend's window).
 _AREAL_RETRIES_EXHAUSTED = re.compile(r"failed after .*?/generate", re.S)
 # A 4xx the request did not cause: the upstream timed out or ran out of capacity (AReaL answers 429
-# "No available capacity", areal-proxy-protocol.md §1.1).
+# "No available capacity", docs/areal.md §1.1.5).
 _UPSTREAM_SIDE_4XX = frozenset({408, 429})
-# AReaL answers these malformed requests with 500, not 400 (areal-tier.md §5).
+# AReaL answers these malformed requests with 500, not 400 (docs/areal.md §10.5).
 _AREAL_CLIENT_FAULT_500 = (
     "max_tokens and max_completion_tokens cannot be set at the same time",
     "messages cannot be empty",
@@ -209,7 +208,7 @@ def is_context_overflow(error: ErrorInfo) -> bool:
 
 
 def classify(status: int, body: bytes | str | Mapping[str, Any] | None) -> ErrorClass:
-    """The record's error class of an upstream error response (DESIGN §3.4).
+    """The record's error class of an upstream error response (docs/areal.md §4).
 
     `model_fault`: a context overflow in any known wording, whatever the status (AReaL reports it as a
     500). `client_error`: any other 4xx except 408 and 429, plus AReaL's 500s for malformed requests.

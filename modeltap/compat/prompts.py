@@ -3,7 +3,7 @@
 Owns: the normalisation a server applies before rendering, copied so that modeltap counts the same
 prompt: SGLang's (content parts joined with a space, JSON-string tool-call arguments parsed, None
 dropped: docs/token-budgets.md §1.6), and the openai SDK's typed view AReaL validates chat bodies with
-(docs/areal.md §1.1). Does not own: what a format's prompt is (modeltap.dialects) or rendering and
+(docs/areal.md §1.1.6). Does not own: what a format's prompt is (modeltap.dialects) or rendering and
 counting (proxy/tokens.py).
 
 Pure functions over dicts; imports nothing of modeltap.
@@ -67,7 +67,7 @@ def _parsed_tool_call(call: Any) -> Any:
 
 # The fields of the openai SDK's chat TypedDicts (openai/types/chat/*_param.py, the same in openai 2.x
 # and 3.x), in declaration order. AReaL's proxy validates /chat/completions bodies against them with
-# pydantic, which keeps only these fields, in this order (docs/areal.md §1.1; AReaL #1499).
+# pydantic, which keeps only these fields, in this order (docs/areal.md §1.1.6; AReaL #1499).
 _TYPED_MESSAGE_FIELDS = {
     "system": ("content", "role", "name"),
     "developer": ("content", "role", "name"),

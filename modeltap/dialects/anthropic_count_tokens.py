@@ -3,7 +3,7 @@
 Owns: the route (under `/v1` on AReaL too, which does not serve it), Anthropic's error shape, the
 prompt (the messages body's own, counted exactly as `/v1/messages` would count it) and the answer,
 which modeltap gives itself when it has the served model's tokenizer. Claude Code calls it before long
-requests (docs/agents.md §2).
+requests (docs/agents.md §4.3).
 """
 
 from __future__ import annotations

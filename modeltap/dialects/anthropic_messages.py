@@ -6,7 +6,7 @@ one AReaL's proxy applies, LiteLLM's AnthropicAdapter, used both to count a prom
 conversation), the typed event stream in both directions, the reply's text and tool uses, and what a
 turn added (messages, and the `system` prompt when it changed).
 
-The conversion follows LiteLLM 1.104.9, the newest LiteLLM AReaL can import (docs/areal.md §1.1), in
+The conversion follows LiteLLM 1.104.9, the newest LiteLLM AReaL can import (docs/areal.md §1.1.8, §10.0), in
 litellm/llms/anthropic/experimental_pass_through/adapters/transformation.py; AReaL then joins list
 content with "\\n", keeping only text (`flattened`).
 """
@@ -34,7 +34,7 @@ from modeltap.dialects.base import (
 )
 from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event
 
-# The API version the anthropic SDK and Claude Code send (docs/agents.md §2); requests need one.
+# The API version the anthropic SDK and Claude Code send (docs/agents.md §4.3, §5); requests need one.
 ANTHROPIC_VERSION = "2023-06-01"
 # LiteLLM's ANTHROPIC_HOSTED_TOOLS: tools whose type starts with one of these pass through unchanged.
 _HOSTED_TOOL_TYPES = (
@@ -64,7 +64,7 @@ _CONVERTED_SYSTEM_NOTE = (
 )
 # The models LiteLLM 1.104.9's map flags `supports_mid_conversation_system`, without a provider or
 # region prefix ("vertex_ai/", "us.anthropic."); Claude Code's default model is among them
-# (docs/agents.md §2). A prefixed name the map does not list is counted as if it did.
+# (docs/agents.md §4.3). A prefixed name the map does not list is counted as if it did.
 _MID_CONVERSATION_SYSTEM_MODELS = frozenset(
     {
         "claude-fable-5",
@@ -207,7 +207,7 @@ class Messages(Dialect):
     def context_overflow(
         self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int
     ) -> ApiError:
-        """Anthropic's refusal, on which Claude Code stops with "Prompt is too long" (docs/agents.md §2):
+        """Anthropic's refusal, on which Claude Code stops with "Prompt is too long" (docs/agents.md §4.4):
         the prompt against the most prompt tokens that leave room for the completion."""
         return ApiError(f"prompt is too long: {prompt_tokens} tokens > {max_prompt_tokens} maximum")
 
@@ -322,7 +322,7 @@ def to_chat(
 
 def flattened(message: dict[str, Any]) -> dict[str, Any]:
     """A message with list content joined with "\\n", text only, as AReaL's proxy does
-    (PRS `_flatten_content_lists`, docs/areal.md §1.1)."""
+    (PRS `_flatten_content_lists`, docs/areal.md §1.1.8)."""
     content = message.get("content")
     if not isinstance(content, list):
         return message

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Protocol
 
 # The path prefix of a session URL, `/s/TOKEN/...` (modeltap.proxy.sessions issues the tokens).
 SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
-# AReaL answers `"model": "None"` (docs/areal.md §1.1): that names no model, so the request's model is
+# AReaL answers `"model": "None"` (docs/areal.md §1.1.6): that names no model, so the request's model is
 # shown instead.
 _NO_MODEL = frozenset({"", "None"})
 
@@ -126,7 +126,7 @@ class Dialect:
     item_route: ClassVar[bool] = False
     """Whether `ROUTE/{id}` names one item (`GET /v1/models/{id}`)."""
     areal_v1: ClassVar[bool] = False
-    """Whether AReaL <= 2.1.0 serves it under `/v1` rather than at the bare path (docs/areal.md §1.1)."""
+    """Whether AReaL <= 2.1.0 serves it under `/v1` rather than at the bare path (docs/areal.md §1.1.1)."""
     streams: ClassVar[bool] = False
     """Whether it answers `stream: true` with server-sent events."""
     history_field: ClassVar[str | None] = None
@@ -196,7 +196,7 @@ class Dialect:
 
     def prompt(self, body: dict[str, Any], *, openai_typed: bool = False) -> Prompt:
         """The prompt the served model renders for `body`. `openai_typed`: the server validates chat
-        bodies against the openai SDK's types first (AReaL, docs/areal.md §1.1). Raises TypeError,
+        bodies against the openai SDK's types first (AReaL, docs/areal.md §1.1.6). Raises TypeError,
         KeyError or ValueError for a body that holds no renderable prompt."""
         raise ValueError(f"{self.name} requests have no prompt to count")
 
@@ -297,7 +297,7 @@ class Dialect:
 def route_suffix(path: str) -> tuple[str | None, str]:
     """(session token, route) of a path without its query: `/s/TOKEN` and any number of leading `v1`
     segments taken off (Claude Code and the anthropic SDK append `/v1` to a base URL that already ends
-    in it: docs/agents.md §2).
+    in it: docs/agents.md §4.3).
 
     >>> route_suffix("/s/" + "A" * 22 + "/v1/v1/messages")
     ('AAAAAAAAAAAAAAAAAAAAAA', 'messages')
@@ -366,7 +366,7 @@ def part_texts(parts: Any, kind: str) -> list[str]:
 
 def same_message(a: Any, b: Any) -> bool:
     """Whether two messages are the same message. Claude Code moves its `cache_control` marker to the
-    newest message each turn (docs/agents.md §2), so an old message that lost it is still the same."""
+    newest message each turn (docs/agents.md §4.3), so an old message that lost it is still the same."""
     return bool(a == b or without_key(a, "cache_control") == without_key(b, "cache_control"))
 
 

@@ -29,7 +29,7 @@ from modeltap.dialects.sse import DONE_EVENT, data_event, index_of, list_of
 
 # Message fields that arrive as text pieces. vLLM and SGLang stream their parsed reasoning as
 # `reasoning_content` (newer vLLM as `reasoning`); AReaL leaves it inline in `content`
-# (docs/areal.md §1.1).
+# (docs/areal.md §1.1.6).
 TEXT_FIELDS = ("reasoning_content", "reasoning", "content", "refusal")
 
 
@@ -52,9 +52,9 @@ class _ChatChunks(ChoiceChunks):
 
     def _merge_call(self, index: int, state: dict[str, Any], call: dict[str, Any], position: int) -> None:
         # A call's first chunk carries its id and name; later ones only add to the arguments. AReaL
-        # 1.0.4 sends each call whole in one chunk, later AReaL in two (docs/areal.md §1.1): both land
-        # here. Servers that repeat the id or name on later chunks repeat the same value, so the first
-        # one wins.
+        # 1.0.4 sends each call whole in one chunk, later AReaL in two (docs/areal.md §10.6, §1.1.7):
+        # both land here. Servers that repeat the id or name on later chunks repeat the same value, so
+        # the first one wins.
         number = index_of(call.get("index", position))  # OpenAI requires `index`; else its position
         entry = state.setdefault("calls", {}).setdefault(number, {"id": None, "type": None, "name": None})
         function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else {}

@@ -1,9 +1,9 @@
 """OpenAI and Anthropic model lists: `GET /v1/models` and `GET /v1/models/{id}`.
 
 Owns: the route (with its item form) and the answer modeltap gives itself when the upstream serves no
-model list (AReaL has none: docs/areal.md §1.1), from `serve --model`. One body satisfies both SDKs:
+model list (AReaL has none: docs/areal.md §1.1.1), from `serve --model`. One body satisfies both SDKs:
 OpenAI's `{"object": "list", "data": [...]}` and Anthropic's `{"data": [...], "has_more", "first_id",
-"last_id"}` (docs/agents.md §5).
+"last_id"}` (docs/agents.md §2.4).
 """
 
 from __future__ import annotations

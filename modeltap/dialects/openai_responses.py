@@ -146,7 +146,7 @@ class Responses(Dialect):
 
     def prompt(self, body: dict[str, Any], *, openai_typed: bool = False) -> Prompt:
         """`instructions` and `input` as chat messages, the way AReaL's ArealOpenAI converts them
-        (areal/experimental/openai/client.py `_build_messages_list`, docs/areal.md §1.1): every text
+        (areal/experimental/openai/client.py `_build_messages_list`, docs/areal.md §1.1.9): every text
         part of an input item becomes its own message, a function_call_output a tool message, other
         items pass as they are."""
         messages: list[Any] = []

@@ -248,7 +248,7 @@ def _upstream_error(obj: dict[str, Any]) -> str | None:
     """The message of an error event in any dialect, or None for an ordinary event.
 
     OpenAI-style servers send `data: {"error": {...}}` mid-stream (SGLang and vLLM nest it:
-    shared/reference/token-budgets.md §1.4); Anthropic sends `event: error` with
+    docs/token-budgets.md §1.4); Anthropic sends `event: error` with
     `{"type": "error", "error": {...}}`; Responses sends `{"type": "error", "message", "code"}` or ends
     with `response.failed`.
     """

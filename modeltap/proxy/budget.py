@@ -252,7 +252,7 @@ async def discover_limits(upstream: Upstream, headers: Mapping[str, str]) -> tup
     """The upstream's context length and where it came from, or (None, why not).
 
     Tries GET /v1/models (`max_model_len`, vLLM and SGLang), then SGLang's /server_info,
-    /get_server_info and /get_model_info. AReaL serves none of them (docs/areal.md §1.1),
+    /get_server_info and /get_model_info. AReaL serves none of them (docs/areal.md §1.1.1),
     so against AReaL the operator passes --context-length. Runs once at start, before any exchange.
     """
     for path in _DISCOVERY_PATHS:

@@ -24,7 +24,7 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 # Connecting to a live upstream on the same host or LAN takes milliseconds; 10 s means it is down.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # The longest silence allowed between two chunks of an upstream response. AReaL generates the whole
-# completion before it sends the first byte, even when streaming (docs/areal.md §1.1), and its own
+# completion before it sends the first byte, even when streaming (docs/areal.md §1.1.7), and its own
 # client waits up to an hour (rollout.request_timeout, §4.3), so the default is that hour.
 DEFAULT_READ_TIMEOUT_S = 3600.0
 # A client that has not finished sending its headers and body within this is treated as gone

@@ -4,7 +4,7 @@ Owns: whether a listener is loopback-only, the address a host process should dia
 a Docker container on the default bridge should dial (the bridge gateway, docker0's IPv4 address).
 Does not own: binding (server.py).
 
-AReaL's own proxy binds the host's primary IP only (areal-proxy-protocol.md §6), which a container
+AReaL's own proxy binds the host's primary IP only (docs/areal.md §6), which a container
 on the bridge cannot reach; modeltap binds all interfaces and points containers at the gateway.
 """
 

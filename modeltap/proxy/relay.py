@@ -70,7 +70,7 @@ _HOP_BY_HOP = frozenset(
 # no key is configured.
 _CREDENTIALS = frozenset(("authorization", "x-api-key"))
 # aiohttp decodes gzip and deflate on its own; asking the upstream for only these keeps every body
-# readable for the record (Claude Code asks for br and zstd too: docs/agents.md §2).
+# readable for the record (Claude Code asks for br and zstd too: docs/agents.md §4.3).
 UPSTREAM_ACCEPT_ENCODING = "gzip, deflate"
 # Response headers that describe the upstream's encoding or framing, which the relay changes.
 _RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}

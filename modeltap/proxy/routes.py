@@ -2,7 +2,7 @@
 
 Owns: which paths an agent may call. Every format answers at the bare path, at `/v1/...`, at
 `/v1/v1/...` (Claude Code and the anthropic SDK append `/v1` to a base that already ends in it:
-docs/agents.md §2) and under a session prefix `/s/TOKEN/...`; AReaL's control routes are refused
+docs/agents.md §4.3) and under a session prefix `/s/TOKEN/...`; AReaL's control routes are refused
 whatever the token. Masking tokens in paths for records, errors and logs. Does not own: the formats'
 routes (modeltap.dialects), where the upstream serves them (compat/layouts.py) or who the caller is
 (sessions.py).
@@ -19,7 +19,7 @@ from modeltap import dialects
 from modeltap.dialects.base import Dialect, route_suffix
 from modeltap.proxy.errors import Forbidden, NotFound
 
-# AReaL's control routes (docs/areal.md §1.1, §1.2). Forwarding any of them would let an agent set its
+# AReaL's control routes (docs/areal.md §1.1.2, §1.2). Forwarding any of them would let an agent set its
 # own reward or reconfigure the trainer, so they are refused even for a valid session token.
 _CONTROL = re.compile(
     r"^(rl(/.*)?|export_trajectories|grant_capacity|call|configure|create_engine|set_env|alloc_ports"

@@ -101,7 +101,7 @@ def build_app(
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/_modeltap/health", _health)
     admin.add_routes(app)
-    # Connectivity checks (Claude Code's HEAD /api/hello: docs/agents.md §2) just need an answer.
+    # Connectivity checks (Claude Code's HEAD /api/hello: docs/agents.md §4.2) just need an answer.
     app.router.add_route("HEAD", _EVERY_PATH, _head)
     app.router.add_route("*", _EVERY_PATH, relay.handle)
     return app
@@ -131,7 +131,7 @@ async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
     from modeltap.proxy.tokens import TokenCounter
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
-    # types, which reorders each tool's keys (areal-proxy-protocol.md §1.1): count what it renders.
+    # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
     areal = config.layout == "areal"
     counter = await asyncio.to_thread(
         TokenCounter.load,

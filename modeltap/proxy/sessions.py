@@ -3,7 +3,7 @@
 Owns: issuing and revoking session tokens and looking them up. A session is what lets modeltap hand
 an agent a credential of its own instead of the upstream's key: the agent presents the token (in the
 path as `/s/TOKEN/`, or as `Authorization: Bearer` / `x-api-key`), modeltap swaps in the upstream key,
-and every record of the session carries its labels. Does not own: the HTTP admin API (server.py) or
+and every record of the session carries its labels. Does not own: the HTTP admin API (admin.py) or
 the rules of who may use the configured key (relay.py).
 
 The token is never logged, stored or sent upstream; records carry the session id instead.
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-# 32 random bytes: 256 bits, URL-safe, 43 characters (DESIGN §3.1 asks for 128 bits or more).
+# 32 random bytes: 256 bits, URL-safe, 43 characters; 128 bits would already be beyond guessing.
 TOKEN_BYTES = 32
 # Tokens of closed sessions are remembered, so that one presented later as an API key gets a closed
 # session's 401 instead of passing upstream as if it were the client's own key. At ~170 bytes each

@@ -124,7 +124,7 @@ class TokenCounter:
         """Use `load` unless the tokenizer is already in memory.
 
         `request_template_kwargs=False` ignores a request's own `chat_template_kwargs`: AReaL drops
-        that field (docs/areal.md §1.1), so against AReaL only the configured kwargs
+        that field (docs/areal.md §1.1.6), so against AReaL only the configured kwargs
         describe what the server renders. `openai_typed_chat=True` counts a chat body as AReaL's
         proxy sees it after validating it against the openai SDK's types: message fields the types do
         not declare (such as `reasoning_content`) dropped, and tool definitions in the types' key
@@ -341,7 +341,7 @@ def _segments_are_exact(spec: dict[str, Any], tokenizer: PreTrainedTokenizerBase
     piece on its own, so this holds unless an added token strips whitespace from its neighbours, is
     only matched after normalisation, or a step depends on where a piece sits in the whole text
     (Metaspace's "first" prefix, a Prepend normaliser). The conditions SGLang's segment encoder
-    checks (token-budgets.md §5.4 caveats).
+    checks (docs/token-budgets.md §5.4, caveats).
     """
     for token in tokenizer.added_tokens_decoder.values():
         if token.lstrip or token.rstrip or token.single_word:

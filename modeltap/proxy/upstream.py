@@ -2,7 +2,7 @@
 client errors into modeltap's error tree (the only place that catches them).
 
 Owns: choosing the upstream path for an endpoint (with `auto`, falling back once on a route-level
-404 and remembering the answer per endpoint: DESIGN §3.3), sending, and reading or iterating the
+404 and remembering the answer per format), sending, and reading or iterating the
 response with errors mapped. Does not own: header rewriting or relaying to the client (relay.py).
 """
 

@@ -168,7 +168,7 @@ def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     The final conversation is the last successful exchange that offered tools, else the last
     successful one: agents interleave tool-less side requests (opencode's title, a compaction
-    summary: docs/agents.md §1) with their main loop, and those are not the conversation. Its request
+    summary: docs/agents.md §3.5) with their main loop, and those are not the conversation. Its request
     history is followed by its reply, converted to chat by its format's dialect.
     """
     done = [

@@ -42,7 +42,7 @@ from modeltap.records.view import turn_record
 
 # Request fields that say how to deliver an answer or who asks, not what is asked: a mock matches
 # bodies without them. Claude Code's `metadata.user_id` holds its run's session id
-# (docs/agents.md §2), so it differs on every run.
+# (docs/agents.md §4.3), so it differs on every run.
 VOLATILE_FIELDS = frozenset({"stream", "stream_options", "metadata"})
 # What says which kind of request a body is, for turn order: see `shape_digest`.
 SHAPE_FIELDS = ("model", "tools")

@@ -2,7 +2,7 @@
 
 Owns: `stream_events`: the raw SSE bytes when `serve --keep-raw-sse` kept them, else the events the
 exchange's dialect synthesises from the assembled body (the shapes the clients accept:
-docs/agents.md §6). Synthesised streams carry each text, each tool call's arguments and each block in
+docs/agents.md §2.1, §2.2). Synthesised streams carry each text, each tool call's arguments and each block in
 one event: the original chunk boundaries exist only in raw SSE. Does not own: the formats' events
 (modeltap.dialects) or the export formats (export.py).
 """

@@ -30,7 +30,7 @@ from modeltap.records.store import SCHEMA_VERSION, StoreReader, connect
 
 # How many earlier exchanges a turn is compared with to find the one it continues. Agents interleave
 # side requests with their main thread (opencode's title request, a compaction request, Claude Code's
-# small-model calls: docs/agents.md §1, §2), so "the previous exchange" is often not the
+# small-model calls: docs/agents.md §3.5, §4.3), so "the previous exchange" is often not the
 # previous turn of the conversation; a handful of look-backs finds it.
 LOOKBACK = 16
 # How often `tail` looks for new exchanges: fast enough to feel live, and a poll of an idle WAL
