@@ -14,16 +14,18 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "AgentWorkflow": "modeltap.adapter.workflow",
+    "Exchange": "modeltap.records.exchange",
     "Proxy": "modeltap.proxy.server",
     "ProxyConfig": "modeltap.proxy.config",
     "task_rows": "modeltap.adapter.workflow",
 }
-__all__ = ["AgentWorkflow", "Proxy", "ProxyConfig", "__version__", "task_rows"]
+__all__ = ["AgentWorkflow", "Exchange", "Proxy", "ProxyConfig", "__version__", "task_rows"]
 
 if TYPE_CHECKING:
     from modeltap.adapter.workflow import AgentWorkflow, task_rows
     from modeltap.proxy.config import ProxyConfig
     from modeltap.proxy.server import Proxy
+    from modeltap.records.exchange import Exchange
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """What the agent clients send that the proxy reads: their retry count and where their key travels.
 
 Owns: the Stainless SDKs' retry header and reading a client's presented API key, the two header facts
-the relay relies on (docs/agents.md §1-§5 has each client's measured habits). Does not own: routing
+the relay relies on (docs/agents.md §9 has each client's measured habits). Does not own: routing
 (proxy/routes.py accepts `/v1/v1/...` and ignores the query string) or what a presented key means
 (proxy/sessions.py).
 
@@ -34,7 +34,7 @@ def retry_count(headers: Mapping[str, str]) -> int | None:
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The API key a client presented: `Authorization: Bearer KEY` (scheme in any case), else
-    `x-api-key: KEY`, the order AReaL's proxy reads them in (docs/areal.md §1.1). Clients differ on
+    `x-api-key: KEY`, the order AReaL's proxy reads them in (docs/areal.md §1.1.3). Clients differ on
     which they send: Claude Code x-api-key, anthropic-python 2.14 and the rest Bearer."""
     authorization = _header(headers, "authorization")
     if authorization is not None:

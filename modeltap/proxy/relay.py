@@ -386,14 +386,14 @@ async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.St
         _client_left(draft)
         raise
     finally:
-        # Also when the handler is cancelled (the client hung up): the part of the reply that was
-        # said is kept, marked incomplete.
+        # However the stream ends (the handler cancelled because the client hung up, or a bug caught
+        # at the boundary), the part of the reply that was said is kept, marked incomplete.
         result = assembler.result()
         draft.response, draft.stream_complete = result.body, result.complete
         if raw is not None:
             draft.raw_sse = b"".join(raw)
-        if result.error is not None:
-            draft.fail("upstream_error", result.error)
+    if result.error is not None:
+        draft.fail("upstream_error", result.error)
     await flow.deliver()  # before the end of the response, so that `--sync` commits first
     if upstream_broke and request.transport is not None:
         # Pass the break on: a clean end would read as a complete (if short) answer to SDKs that do

@@ -10,14 +10,18 @@ def test_all_names_resolve_to_their_objects() -> None:
     from modeltap.adapter.workflow import AgentWorkflow, task_rows
     from modeltap.proxy.config import ProxyConfig
     from modeltap.proxy.server import Proxy
+    from modeltap.records.exchange import Exchange
 
-    assert sorted(modeltap.__all__) == ["AgentWorkflow", "Proxy", "ProxyConfig", "__version__", "task_rows"]
-    assert (modeltap.AgentWorkflow, modeltap.Proxy, modeltap.ProxyConfig, modeltap.task_rows) == (
-        AgentWorkflow,
-        Proxy,
-        ProxyConfig,
-        task_rows,
+    expected = ["AgentWorkflow", "Exchange", "Proxy", "ProxyConfig", "__version__", "task_rows"]
+    assert sorted(modeltap.__all__) == expected
+    exported = (
+        modeltap.AgentWorkflow,
+        modeltap.Exchange,
+        modeltap.Proxy,
+        modeltap.ProxyConfig,
+        modeltap.task_rows,
     )
+    assert exported == (AgentWorkflow, Exchange, Proxy, ProxyConfig, task_rows)
 
 
 def test_importing_the_package_loads_neither_the_proxy_nor_areal() -> None:

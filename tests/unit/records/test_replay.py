@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient
 from modeltap import dialects
 from modeltap.dialects.sse import StreamAssembler
 from modeltap.proxy.config import DEFAULT_MAX_BODY_BYTES
+from modeltap.records import replay as replay_module
 from modeltap.records.exchange import Exchange
 from modeltap.records.replay import (
     Mock,
@@ -179,7 +180,9 @@ async def test_mock_replays_raw_sse_byte_for_byte_event_by_event(
     assert await response.read() == raw
 
 
-async def test_realtime_mock_keeps_the_recorded_pace(tmp_path: Path, aiohttp_client: ClientFactory) -> None:
+async def test_realtime_mock_keeps_the_recorded_pace(
+    tmp_path: Path, aiohttp_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ex = dataclasses.replace(
         chat("s1", "hi", "4", streamed=True, stream_complete=True), started=10.0, first_byte=10.3, ended=10.6
     )
@@ -187,11 +190,21 @@ async def test_realtime_mock_keeps_the_recorded_pace(tmp_path: Path, aiohttp_cli
     client: TestClient = await aiohttp_client(
         mock_app(load_mock(path, session="s1", realtime=True), DEFAULT_MAX_BODY_BYTES)
     )
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(replay_module.asyncio, "sleep", sleep)
     response = await client.post("/v1/chat/completions", json=ask("hi", stream=True))
-    await response.read()
-    assert loop.time() - started >= 0.55
+    body = await response.read()
+    monkeypatch.undo()
+    # The first byte after the recorded 0.3 s, then the recorded 0.3 s spread evenly over the events.
+    events = body.count(b"\n\n")
+    assert delays[0] == pytest.approx(0.3) and len(delays) == 1 + events
+    assert sum(delays[1:]) == pytest.approx(0.3)
 
 
 def test_comparison_flags_what_changed_and_diffs_the_content() -> None:
