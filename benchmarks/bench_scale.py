@@ -1,10 +1,11 @@
 """Scale: how each configuration's cost grows with conversation length and with concurrent sessions.
 
-Owns: issue 7 §3. Two phases, each on freshly started configurations so that one phase's memory does not
-show in the other's: (1) length: requests whose conversation holds 1k to 100k tokens, one at a time;
-(2) sessions: 1 to 1,000 agent sessions at once, each sending its turns in order. Writes
-``benchmarks/results/scale.{md,json}`` and the PNG plots ``scale_length.png`` and ``scale_sessions.png``
-(matplotlib, a bench-venv-only dependency). Not: the per-request overhead table (bench_overhead.py).
+Owns: the scale run of ``make bench``. Two phases, each on freshly started configurations so that one
+phase's memory does not show in the other's: (1) length: requests whose conversation holds 1k to 100k
+tokens, one at a time; (2) sessions: 1 to 1,000 agent sessions at once, each sending its turns in order.
+Writes ``benchmarks/results/scale.{md,json}`` and the PNG plots ``scale_length.png`` and
+``scale_sessions.png`` (matplotlib, a bench-venv-only dependency). Not: the per-request overhead table
+(bench_overhead.py).
 
     .venv-bench/bin/python -m benchmarks.bench_scale [--only direct,floor,modeltap] [--quick]
 """

@@ -17,7 +17,7 @@ from typing import Any
 from benchmarks.configs import qwen_tokenizer_dir
 from benchmarks.stand_in import MODEL
 
-# A 16-token answer, the request of the peer measurements (shared/reference/peer-proxies.md §1).
+# A 16-token answer, the request of the peer measurements (docs/peers.md §1).
 MAX_TOKENS = 16
 SYSTEM_PROMPT = "You are a helpful coding agent. Use the tools to inspect and change the repository."
 STREAM_FIELDS = b', "stream": true, "stream_options": {"include_usage": true}}'

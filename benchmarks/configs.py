@@ -2,7 +2,7 @@
 
 Owns: how each configuration is started in front of the stand-in upstream, where its chat completions
 endpoint is, which version it is, and why it cannot run when it cannot. Not: the load (load.py) or the
-process mechanics (processes.py). The recipes for the peers are shared/reference/peer-proxies.md
+process mechanics (processes.py). The recipes for the peers are docs/peers.md
 §2.4 (Agent Lightning), §3.4 (LiteLLM) and §4.3 (mitmproxy).
 """
 
@@ -217,11 +217,11 @@ class Litellm(PeerConfiguration):
     venv_name = dist = "litellm"
 
     def __init__(self) -> None:
-        # LiteLLM refuses publicly known master keys such as sk-1234 (peer-proxies.md §3.1).
+        # LiteLLM refuses publicly known master keys such as sk-1234 (docs/peers.md §3.1).
         self.master_key = "sk-" + secrets.token_hex(16)
 
     def launch(self, upstream: str, port: int, workdir: Path) -> Service:
-        config = {  # JSON is YAML; the settings of peer-proxies.md §3.4
+        config = {  # JSON is YAML; the settings of docs/peers.md §3.4
             "model_list": [
                 {
                     "model_name": MODEL,
@@ -268,7 +268,7 @@ class Litellm(PeerConfiguration):
 class AgentLightning(PeerConfiguration):
     name, description = "agl", "Agent Lightning agl-server, in-memory store (rejects streams by design)"
     venv_name, dist = "agl", "agentlightning"
-    streams = False  # "Streaming responses are not supported" (peer-proxies.md §2.1)
+    streams = False  # "Streaming responses are not supported" (docs/peers.md §2.1)
     rollout_path = "/proxy/rollout/r1/attempt/a1/mode/train/openai"
 
     def __init__(self) -> None:
@@ -289,7 +289,7 @@ class AgentLightning(PeerConfiguration):
         )
 
     def prepare(self, upstream: str, port: int) -> None:
-        # The gateway proxies only to registered models and existing rollouts (peer-proxies.md §2.4).
+        # The gateway proxies only to registered models and existing rollouts (docs/peers.md §2.4).
         for path, payload in (
             ("/api/models", [{"model": MODEL, "endpoint": upstream + "/v1"}]),
             ("/api/rollouts", [{"input": {}, "rollout_id": "r1"}]),

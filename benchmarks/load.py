@@ -21,7 +21,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, hdr
 from benchmarks.stand_in import CONTENT_MARKER
 
 # Warm-up requests before each timed run: connections opened, caches and JITs (LiteLLM's first request
-# took 660 ms here: peer-proxies.md §3.1) paid outside the numbers.
+# took 660 ms here: docs/peers.md §3.1) paid outside the numbers.
 WARMUP_REQUESTS = 20
 # A request slower than this is a failure, not a latency: no configuration is anywhere near it.
 REQUEST_TIMEOUT_S = 60.0

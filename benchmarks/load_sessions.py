@@ -1,4 +1,4 @@
-"""The bounded sessions load test (issue 4 §5): N agents, each on a session of its own, streaming M chat
+"""The bounded sessions load test: N agents, each on a session of its own, streaming M chat
 completions one after another through `modeltap serve`, all at once, in front of the benchmark stand-in.
 
 Owns: opening the sessions through the admin API, driving the agents, checking every answer (status

@@ -3,7 +3,7 @@
 Owns: turning one exact top-level pin (``litellm[proxy]==1.108.7``) into a full lock, every package
 ``name==version --hash=sha256:...``, so that ``pip install --require-hashes`` refuses any file that differs
 from the one resolved here. Not: installing (mk/bench.mk does that) or choosing versions (the pins are
-the ones measured in shared/reference/peer-proxies.md).
+the ones measured in docs/peers.md §2.4, §3.4, §4.3).
 
 The resolution is pip's own (``pip install --dry-run --report``) in a throw-away venv of the Python the
 peer runs on, so the lock holds the wheels for this machine's platform and that Python only.

@@ -2,7 +2,7 @@
 
 Owns: the recording half of the mitmproxy configuration. mitmproxy buffers SSE unless a response is
 streamed, and a streamed body "will not be stored in any way"; passing a callable to
-``flow.response.stream`` tees the chunks (shared/reference/peer-proxies.md §4.1 and §10, the pattern
+``flow.response.stream`` tees the chunks (docs/peers.md §4.1 and §10, the pattern
 of mitmproxy issue #7010). Loaded by ``mitmdump -s``; runs in the mitmproxy venv, not ours.
 """
 

@@ -1,7 +1,7 @@
 """The floor: the barest aiohttp relay that forwards a request and streams the answer back.
 
 Owns: the lowest cost a Python aiohttp proxy can have on this machine, against which modeltap is
-judged (issue 7: added latency within 1.5x of this). Not: anything modeltap does besides relaying
+judged (its goal: added latency within 1.5x of this). Not: anything modeltap does besides relaying
 (no path rewriting, no budget, no recording).
 
     python -m benchmarks.relay_floor --upstream http://127.0.0.1:9000 --port 9001

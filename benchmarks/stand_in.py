@@ -19,10 +19,10 @@ import json
 from aiohttp import hdrs, web
 
 MODEL = "fake-model"
-# Eight content chunks, as in the peer measurements of shared/reference/peer-proxies.md §1.
+# Eight content chunks, as in the peer measurements of docs/peers.md §1.
 STREAM_CONTENT_CHUNKS = 8
 # A gap between chunks makes a proxy that buffers the stream show up in time to first byte (LiteLLM
-# buffers SGLang streams: peer-proxies.md §3.3, #26102); 1 ms keeps stream totals short.
+# buffers SGLang streams: docs/peers.md §3.3); 1 ms keeps stream totals short.
 STREAM_GAP_S = 0.001
 # The marker load.py looks for, so a proxy that answers 200 with the wrong body counts as an error.
 CONTENT_MARKER = "bench-ok"

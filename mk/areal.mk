@@ -1,10 +1,10 @@
-# The AReaL tier (issue 9): modeltap against AReaL 1.0.4's real proxy server and workflow, on CPU.
+# The AReaL tier: modeltap against AReaL 1.0.4's real proxy server and workflow, on CPU.
 #
 # It runs in its own venv, because AReaL pins what modeltap's main venv must not have (transformers
 # <=5.3.0, openai <2.45, litellm <1.105, torch). The venv is rebuilt from scratch whenever a pin file
 # or pyproject.toml changes, and reused otherwise (the stamp file). A missing prerequisite (no
 # python3.11, no CPU torch wheel, an unreachable registry) fails the install; nothing is skipped.
-# Install and run times: shared/reference/areal-tier.md §0 (about 80 s install, 20-60 s tests).
+# Install and run times: docs/areal.md §10.0 (about 80 s install, 20-60 s tests).
 
 AREAL_VENV := .venv-areal
 AREAL_PYTHON ?= python3.11

@@ -1,4 +1,4 @@
-# `make bench`: modeltap side by side with its peers on loopback (issue 7; benchmarks/README.md).
+# `make bench`: modeltap side by side with its peers on loopback (benchmarks/README.md).
 # Each tool lives in its own venv, created once and refreshed only when its requirements file changes:
 #   .venv-bench            the harness, stand-in upstream, load generator, matplotlib, py-spy, and modeltap itself
 #   .venv-bench-mitmproxy  mitmproxy 11.0.2 (the last release for Python 3.11)

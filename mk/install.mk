@@ -1,6 +1,6 @@
 # Set-up for the tests and the demo. Each step is idempotent, and instant once done (stamp files):
 #   venv     .venv with `pip install -e '.[test]'`; redone when pyproject.toml changes
-#   agents   opencode and Claude Code from npm into $(NPM_PREFIX) (versions: agent-clients.md)
+#   agents   opencode and Claude Code from npm into $(NPM_PREFIX) (versions: docs/agents.md §1)
 #   dockerd  docker.io from apt when missing, dockerd started when not answering (checked every time)
 #   chromium Debian's chromium, for the web viewer's browser tests (checked every time)
 

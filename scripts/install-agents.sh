@@ -4,7 +4,7 @@
 # Usage: scripts/install-agents.sh PREFIX PACKAGE@VERSION...
 #
 # Both packages ship native binaries inside registry packages, so nothing is fetched from outside
-# the npm registry (shared/reference/agent-clients.md, "Installation"). opencode's postinstall runs
+# the npm registry (docs/agents.md §3.1, §4.1). opencode's postinstall runs
 # `opencode --version` with $HOME and leaves folders there, so the install runs with a scratch HOME;
 # the user's npm cache and npmrc are passed explicitly so that scratch HOME changes nothing else.
 # Afterwards each binary is run once (offline, scratch HOME) to prove it starts.
@@ -25,7 +25,7 @@ userconfig_args=()
 HOME=$scratch_home npm install --prefix "$prefix" --cache "$real_cache" "${userconfig_args[@]}" \
     --save-exact --no-audit --no-fund --no-update-notifier --loglevel=error "$@"
 
-# Smoke run: offline flags from agent-clients.md so that neither binary reaches for the network.
+# Smoke run: offline flags from docs/agents.md §3.2, §4.1 so that neither binary reaches for the network.
 for bin in opencode claude; do
     version=$(HOME=$scratch_home XDG_CONFIG_HOME=$scratch_home/.config XDG_DATA_HOME=$scratch_home/.local/share \
         XDG_CACHE_HOME=$scratch_home/.cache XDG_STATE_HOME=$scratch_home/.local/state \

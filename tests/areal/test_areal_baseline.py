@@ -1,6 +1,6 @@
 """AReaL 1.0.4's real proxy on its own: the behaviour modeltap is built around, checked at the source.
 
-Each test pins one fact from shared/reference/areal-tier.md §5 that modeltap's layouts, budget or error
+Each test pins one fact from docs/areal.md §10.5 that modeltap's layouts, budget or error
 classification depend on, so a change of AReaL version that breaks one of them fails here first.
 """
 
@@ -25,7 +25,7 @@ from sdk_turns import anthropic_tool_turns
 
 
 def openai_client(server: ArealProxyServer, api_key: str, path: str = "") -> openai.AsyncOpenAI:
-    # max_retries=0: SDK retries leave orphan completions in AReaL's session (areal-proxy-protocol.md §7).
+    # max_retries=0: SDK retries leave orphan completions in AReaL's session (docs/areal.md §7).
     return openai.AsyncOpenAI(base_url=server.base_url + path, api_key=api_key, max_retries=0)
 
 

@@ -1,7 +1,7 @@
 """modeltap in front of AReaL 1.0.4's real proxy server: what AReaL trains on equals what modeltap recorded.
 
 Each test plays one AReaL episode by hand, the way `OpenAIProxyWorkflow.arun_episode` does
-(shared/reference/areal-proxy-protocol.md §3.1): grant capacity, start an AReaL session, give the agent a
+(docs/areal.md §3.1): grant capacity, start an AReaL session, give the agent a
 modeltap session whose upstream key is AReaL's session key, set the reward on the last interaction, end
 the session, export. The agent never sees AReaL's key or address.
 """
@@ -180,7 +180,7 @@ async def test_opencode_trains_through_modeltap_one_interaction_per_model_call(
 
     assert (run.exit_code, run.final_text) == (0, TOOL_RESULT_ANSWER), run.describe()
     # opencode's title request, the turn that calls bash, the turn that reads its result
-    # (agent-clients.md, "Requests it sends"): AReaL trains on all three, modeltap recorded all three.
+    # (docs/agents.md §3.5): AReaL trains on all three, modeltap recorded all three.
     assert len(exported) == 3
     assert_records_match(exported, records, 1.0)
     assert all(record["streamed"] for record in records)
@@ -250,7 +250,7 @@ async def test_a_prompt_over_budget_gets_modeltaps_400_instead_of_areals_500(
 
     assert rejected.value.status_code == 400
     assert rejected.value.code == "context_length_exceeded"
-    # P + M <= C - 1 with C = E (DESIGN §4): the -1 is for SGLang, which refuses P + M == C.
+    # P + M <= C - 1 with C = E (docs/token-budgets.md §0): the -1 is for SGLang, which refuses P + M == C.
     assert f"maximum context length is {ENGINE_MAX_TOKENS - 1} tokens" in rejected.value.message
     assert f"({prompt_tokens} in the messages" in rejected.value.message
     # AReaL never saw the rejected prompt; the next one it counted exactly as modeltap did.

@@ -4,7 +4,7 @@ The workflow goes through the path an AReaL rollout worker takes: `RemoteSGLangE
 import-path string and `workflow_kwargs` (as in the experiment config) -> `RemoteInfEngine
 ._resolve_workflow`, which instantiates AgentWorkflow and wraps it in `OpenAIProxyWorkflow(mode="inline")`
 -> `WorkflowExecutor` and its task runner -> `arun_episode` against AReaL's real proxy server
-(shared/reference/areal-proxy-protocol.md §3). The engine's only server is AReaL's proxy itself: inline
+(docs/areal.md §3). The engine's only server is AReaL's proxy itself: inline
 agent workflows generate through the proxy, so the engine needs nothing from its server but a healthy
 `GET /health` at initialize.
 
@@ -38,7 +38,7 @@ EXAMPLE_BUNDLE = REPO_ROOT / "examples" / "bundle.toml"
 WORKFLOW = "modeltap.adapter.AgentWorkflow"
 # AReaL's rollout.agent.turn_discount: each earlier turn gets the next one's reward times this.
 TURN_DISCOUNT = 0.5
-# opencode's title request, its bash turn and its answer turn (agent-clients.md, "Requests it sends").
+# opencode's title request, its bash turn and its answer turn (docs/agents.md §3.5).
 OPENCODE_MODEL_CALLS = 3
 # One opencode run takes 3-20 s on this machine kind (tests/agents.py); a container adds a second or two.
 EPISODE_TIMEOUT_S = 180.0

@@ -2,7 +2,7 @@
 
 Owns: `modeltap-hostroot:local`, an empty root with the usr-merge links (`bin -> usr/bin`, `lib ->
 usr/lib`, `lib64 -> usr/lib64`, `sbin -> usr/sbin`), a minimal `etc/passwd` and a `/work` directory.
-Run with the host's `/usr` mounted read-only it has node, python3, bash and coreutils (DESIGN §7), and
+Run with the host's `/usr` mounted read-only it has node, python3, bash and coreutils, and
 with the npm prefix mounted, the agent CLIs. Does not own: running containers (modeltap.adapter.sandbox).
 
     python -m tests.docker.hostroot        # what `make docker-image` runs; prints the image id

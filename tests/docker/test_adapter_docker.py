@@ -1,4 +1,4 @@
-"""The adapter end to end in Docker (issue 5 §9): opencode in a container, its model traffic through
+"""The adapter end to end in Docker: opencode in a container, its model traffic through
 modeltap's proxy on the bridge to the AReaL stand-in, driven the way AReaL drives an inline agent."""
 
 from __future__ import annotations

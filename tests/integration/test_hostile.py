@@ -1,4 +1,4 @@
-"""Hostile and broken input (issue 4 §3) that test_proxy_failures.py does not already cover: CRLF and
+"""Hostile and broken input that test_proxy_failures.py does not already cover: CRLF and
 bad bytes in headers and request lines, encoded CRLF in the query, path traversal and encoded slashes
 around `/s/TOKEN`, slowloris headers and bodies, clients leaving at each stage, upstreams that reset,
 stall, break their SSE or cut their body, and thousands of sessions at once.

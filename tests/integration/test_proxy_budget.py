@@ -49,7 +49,8 @@ async def test_over_budget_is_the_canonical_400_and_never_reaches_areal(
             await client.chat.completions.create(model="m", messages=messages, max_tokens=1000)
         await client.close()
     assert info.value.code == "context_length_exceeded"
-    # The limit stated is the one in force, C - 1 (pre-fix SGLang refuses P + M == C: DESIGN §4).
+    # The limit stated is the one in force, C - 1 (pre-fix SGLang refuses P + M == C:
+    # docs/token-budgets.md §1.2).
     assert info.value.body["message"] == (
         f"This model's maximum context length is {CONTEXT - 1} tokens. However, you requested "
         f"{prompt + 1000} tokens ({prompt} in the messages, 1000 in the completion). Please reduce the "

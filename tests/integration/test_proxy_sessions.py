@@ -1,4 +1,4 @@
-"""Sessions and the rules around them (issue 4 §1-§2), through the real openai and anthropic SDKs in
+"""Sessions and the rules around them, through the real openai and anthropic SDKs in
 front of the AReaL stand-in: per-session tokens and base URLs, the admin API, labels in every record,
 expiry and close, no key lent to anonymous callers on a network listener, the client's own
 credentials passed through untouched, AReaL's control routes never forwarded, and the session token

@@ -255,7 +255,7 @@ def file_text(n: int, words: int = 170) -> str:
 async def test_a_long_session_costs_about_its_final_conversation(
     make_proxy: Callable[..., Proxy], store_path: Path
 ) -> None:
-    """Issue 8: a recorded 50-turn session of about 20k tokens takes at most 1.5x its final size."""
+    """A recorded 50-turn session of about 20k tokens takes at most 1.5x its final size."""
     turns = 50
     with OpenAILikeStandIn(script=long_tool_loop(turns)) as upstream:
         async with make_proxy(upstream=upstream.url) as proxy:

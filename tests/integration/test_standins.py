@@ -2,8 +2,8 @@
 
 The real openai and anthropic SDKs, raw aiohttp where the bytes matter, and the real opencode and
 Claude Code CLIs talk to each stand-in directly, with no modeltap in between. Expected values come
-from shared/reference/: agent-clients.md (CLI requests and SSE), areal-tier.md §5-6 (AReaL 1.0.4's
-statuses and bodies), token-budgets.md §1.4 and §2.3 (SGLang flat and vLLM nested errors).
+from docs/: agents.md §2-§4 (CLI requests and SSE), areal.md §10.5-§10.6 (AReaL 1.0.4's statuses and
+bodies), token-budgets.md §1.4 and §2.3 (SGLang flat and vLLM nested errors).
 """
 
 from __future__ import annotations

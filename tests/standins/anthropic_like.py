@@ -3,9 +3,9 @@
 Owns: `/v1/messages` (with or without `?beta=true`), `/v1/messages/count_tokens`, `GET /v1/models`,
 HEAD on any path (Claude Code's connectivity check), x-api-key or Bearer auth, typed error bodies,
 the context refusal "prompt is too long: P tokens > L maximum", and the SSE event framing the agents
-accepted (shared/reference/agent-clients.md, "SSE shapes the clients accepted": message_start,
-content_block_start, ping, deltas, content_block_stop, message_delta, message_stop). Does not own: the
-scripted reply (script.py) or logging and faults (server.py).
+accepted (docs/agents.md §2.2: message_start, content_block_start, ping, deltas, content_block_stop,
+message_delta, message_stop). Does not own: the scripted reply (script.py) or logging and faults
+(server.py).
 
     with AnthropicLikeStandIn() as upstream:
         anthropic.Anthropic(base_url=upstream.url, api_key="sk-ant-test").messages.create(...)
@@ -32,7 +32,7 @@ from tests.standins.server import SSE_HEADERS, BackendError, Dialect, FaultKind,
 from tests.standins.wire import hex_id, text_pieces
 
 DEFAULT_MODEL = "claude-standin"
-# Anthropic's models take 200k-token prompts; the refusal message quoted in agent-clients.md uses it.
+# Anthropic's models take 200k-token prompts; the refusal message of docs/agents.md §2.5 uses it.
 DEFAULT_CONTEXT_WINDOW = 200_000
 MODEL_PATHS = frozenset({"/v1/messages"})
 REQUIRED_FIELDS = ("model", "max_tokens", "messages")
@@ -59,7 +59,7 @@ CONFIG = web.AppKey("anthropic_like_config", AnthropicLikeConfig)
 
 
 def _check_key(request: web.Request, config: AnthropicLikeConfig) -> None:
-    """x-api-key (Claude Code) or Bearer (anthropic-py 2.14 sends its key so: agent-clients.md)."""
+    """x-api-key (Claude Code) or Bearer (anthropic-py 2.14 sends its key so: docs/agents.md §5)."""
     if config.api_key is None:
         return
     authorization = request.headers.get("authorization", "")
@@ -174,7 +174,7 @@ async def _any_other(request: web.Request) -> web.StreamResponse:
 
 
 def _fault_error(kind: FaultKind, body: Any) -> tuple[int, Any]:
-    """Injected errors with the types and messages the agents were measured against (agent-clients.md)."""
+    """Injected errors with the types and messages the agents were measured against (docs/agents.md §4.4)."""
     model = body.get("model") if isinstance(body, dict) else None
     errors = {
         "404": (404, "not_found_error", f"model: {model}"),

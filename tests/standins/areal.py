@@ -1,8 +1,8 @@
 """Stand-in for AReaL 1.0.4's agent proxy (the proxy rollout server), with the scripted model behind it.
 
-Owns: the routes, auth, statuses and bodies of the real server as measured in
-shared/reference/areal-tier.md §5-6 and read in areal-proxy-protocol.md §1.1 (cited as PRS): bare
-`/chat/completions` and `/responses`, `/v1/messages`, no `/v1/chat/completions`, no models, no
+Owns: the routes, auth, statuses and bodies of the real server as measured in docs/areal.md
+§10.5-§10.6 and read in its §1.1 (PRS below is AReaL's proxy_rollout_server.py, docs/areal.md §0):
+bare `/chat/completions` and `/responses`, `/v1/messages`, no `/v1/chat/completions`, no models, no
 count_tokens; FastAPI `{"detail": ...}` errors; session keys as Bearer or x-api-key; the control
 routes grant_capacity, rl/start_session, rl/set_reward, rl/end_session, export_trajectories with the
 admin key. Does not own: the scripted reply (script.py) or logging and faults (server.py).
@@ -46,7 +46,7 @@ from tests.standins.server import BackendError, Dialect, FaultKind, StandIn
 from tests.standins.wire import fastapi_route_error, hex_id
 
 DEFAULT_ADMIN_KEY = "standin-admin-key"
-# AReaL's completions carry `model: "None"` whatever the request named (areal-tier.md §5).
+# AReaL's completions carry `model: "None"` whatever the request named (docs/areal.md §1.1.6, §10.5).
 MODEL = "None"
 # AReaL's StreamingResponse adds these two to the headers every backend sends.
 SSE_HEADERS = {**server.SSE_HEADERS, "Connection": "keep-alive", "X-Accel-Buffering": "no"}
@@ -63,7 +63,7 @@ BAD_CONTENT_TYPE = [
     }
 ]
 # AReaL 1.0.4 passes tools=None into its Response model when a /responses request has no tools
-# (areal-tier.md §5); pydantic's message, with its documentation link.
+# (docs/areal.md §1.1.9); pydantic's message, with its documentation link.
 RESPONSES_WITHOUT_TOOLS = (
     "1 validation error for Response\ntools\n  Input should be a valid list "
     "[type=list_type, input_value=None, input_type=NoneType]\n"
@@ -94,7 +94,7 @@ def _stream_setup(streamed: bool) -> Iterator[None]:
 
 @dataclass
 class Interaction:
-    """A model call of a session, recorded before generation as AReaL does (areal-proxy-protocol.md §1.1)."""
+    """A model call of a session, recorded before generation as AReaL does (docs/areal.md §1.1.6)."""
 
     interaction_id: str
     endpoint: str
@@ -263,7 +263,7 @@ def _require_fields(body: Any, fields: list[str]) -> dict[str, Any]:
 
 def _require_chat_params(body: Any) -> dict[str, Any]:
     """CompletionCreateParams is a union of the non-streaming and streaming TypedDicts; a body missing
-    a field gets one error per member, plus the streaming member's `stream` (areal-tier.md §5)."""
+    a field gets one error per member, plus the streaming member's `stream` (docs/areal.md §1.1.4)."""
     missing = [name for name in ("messages", "model") if not (isinstance(body, dict) and name in body)]
     if not missing and isinstance(body, dict):
         return body
@@ -276,7 +276,7 @@ def _require_chat_params(body: Any) -> dict[str, Any]:
 
 
 def _check_chat_arguments(body: dict[str, Any]) -> None:
-    """ArealOpenAI's own refusals, each a 500 (areal-tier.md §5)."""
+    """ArealOpenAI's own refusals, each a 500 (docs/areal.md §1.1.6)."""
     if body.get("n", 1) != 1:
         raise ArealError(500, "NotImplementedError: n != 1 is not supported yet")
     if not body.get("messages"):
@@ -344,7 +344,7 @@ async def _export_trajectories(request: web.Request, state: ArealState) -> web.S
     await session.finished.wait()
     state.pop_session(session.session_id)
     # Backward turn discount r[i] += discount * r[i+1] over every interaction; those without output are
-    # then left out, yet their reward has already flowed back (areal-tier.md §5, "Quirk seen").
+    # then left out, yet their reward has already flowed back (docs/areal.md §10.5, the quirk).
     discount = float(body.get("discount", 1.0))
     rewards = [i.reward or 0.0 for i in session.interactions]
     for index in range(len(rewards) - 2, -1, -1):
@@ -395,7 +395,7 @@ def _chat_chunk(
 
 def _chat_chunks(completion: dict[str, Any]) -> list[bytes]:
     """AReaL's replay of a finished generation (PRS:691-724): role chunk, the whole text in one chunk,
-    one chunk per tool call with id, name and full arguments (1.0.4, areal-tier.md §6), then a last chunk
+    one chunk per tool call with id, name and full arguments (1.0.4, docs/areal.md §10.6), then a last chunk
     with finish_reason and usage whether or not `stream_options` asked for it; then [DONE]."""
     choice = completion["choices"][0]
     message = choice["message"]
@@ -455,9 +455,9 @@ async def _responses(request: web.Request, state: ArealState) -> web.StreamRespo
 
 
 def _message_events(reply: Reply, message: dict[str, Any], request_model: str) -> list[bytes]:
-    """What LiteLLM's adapter streams for AReaL (areal-tier.md §5-6): message_start with the request's
-    model and zero usage, an empty text block that a tool_use block follows, each block's whole content
-    in one delta, then message_delta with the usage and message_stop."""
+    """What LiteLLM's adapter streams for AReaL (docs/areal.md §1.1.7, §10.6): message_start with the
+    request's model and zero usage, an empty text block that a tool_use block follows, each block's whole
+    content in one delta, then message_delta with the usage and message_stop."""
     start = {**message, "id": hex_id("msg_", 32), "model": request_model, "content": [], "stop_reason": None}
     events = [
         {"type": "message_start", "message": {**start, "usage": {"input_tokens": 0, "output_tokens": 0}}}

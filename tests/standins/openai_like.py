@@ -2,11 +2,11 @@
 
 Owns: the `/v1` layout (chat/completions, completions, responses, embeddings, models), `GET /v1/models`
 with `max_model_len`, each flavour's context checks and error body (vLLM nested, SGLang flat:
-shared/reference/token-budgets.md §1.1, §1.4, §2.1, §2.3), vLLM's `model_not_found`-style 404, and
-OpenAI SSE as the agents accepted it (agent-clients.md, "SSE shapes the clients accepted"): a role
-chunk, the text or the tool-call arguments spread over several chunks, a finish chunk, a usage chunk
-with `choices: []` only when `stream_options.include_usage` is set, then `[DONE]`. Does not own: the
-scripted reply (script.py) or logging and faults (server.py).
+docs/token-budgets.md §1.1, §1.4, §2.1, §2.3), vLLM's `model_not_found`-style 404, and
+OpenAI SSE as the agents accepted it (docs/agents.md §2.1): a role chunk, the text or the tool-call
+arguments spread over several chunks, a finish chunk, a usage chunk with `choices: []` only when
+`stream_options.include_usage` is set, then `[DONE]`. Does not own: the scripted reply (script.py) or
+logging and faults (server.py).
 
 Unknown paths get FastAPI's `{"detail": "Not Found"}`, as both servers are FastAPI apps.
 
@@ -58,8 +58,8 @@ class OpenAILikeConfig:
 
 
 class OpenAIError(BackendError):
-    """An error answered in the flavour's shape: vLLM nests it (token-budgets.md §2.3), SGLang's body is
-    flat (§1.4)."""
+    """An error answered in the flavour's shape: vLLM nests it (docs/token-budgets.md §2.3), SGLang's
+    body is flat (§1.4)."""
 
     def __init__(
         self,
@@ -80,13 +80,13 @@ class OpenAIError(BackendError):
 
 
 # The API-key middleware of both servers answers a bare {"error": "Unauthorized"}; it is not in the
-# reference notes, but it is what their api_server sources return.
+# docs/, but it is what their api_server sources return.
 UNAUTHORIZED_BODY = {"error": "Unauthorized"}
 
 CONFIG = web.AppKey("openai_like_config", OpenAILikeConfig)
 
 
-# Each flavour's length refusals, word for word (token-budgets.md §1.1 SGLang, §2.1 vLLM 0.33).
+# Each flavour's length refusals, word for word (docs/token-budgets.md §1.1 SGLang, §2.1 vLLM 0.33).
 SGLANG_INPUT_TOO_LONG = (
     "The input ({prompt} tokens) is longer than the model's context length ({window} tokens)."
 )
@@ -169,7 +169,7 @@ _route = server.with_state(CONFIG)
 
 
 def _max_tokens(body: dict[str, Any]) -> tuple[int | None, str]:
-    """`max_completion_tokens` wins over `max_tokens` in both servers (token-budgets.md §1.1, §2.1)."""
+    """`max_completion_tokens` wins over `max_tokens` in both servers (docs/token-budgets.md §1.1, §2.1)."""
     if body.get("max_completion_tokens") is not None:
         return int(body["max_completion_tokens"]), "max_completion_tokens"
     if body.get("max_tokens") is not None:
@@ -178,8 +178,8 @@ def _max_tokens(body: dict[str, Any]) -> tuple[int | None, str]:
 
 
 def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> list[bytes]:
-    """The chunks of agent-clients.md: role, text pieces or a tool-call header then its arguments in two
-    pieces, finish, usage (only with include_usage), [DONE]."""
+    """The chunks of docs/agents.md §2.1: role, text pieces or a tool-call header then its arguments in
+    two pieces, finish, usage (only with include_usage), [DONE]."""
     choice = completion["choices"][0]
     message = choice["message"]
     stamp = {
@@ -316,7 +316,7 @@ async def _health(request: web.Request, config: OpenAILikeConfig) -> web.StreamR
 
 
 def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
-    """Injected errors with the messages the agents were measured against (agent-clients.md, errors)."""
+    """Injected errors with the messages the agents were measured against (docs/agents.md §3.6)."""
 
     def build(kind: FaultKind, body: Any) -> tuple[int, Any]:
         model = body.get("model") if isinstance(body, dict) else None

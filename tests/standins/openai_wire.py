@@ -41,8 +41,8 @@ def finish_reason(reply: Reply) -> str:
 def chat_message(reply: Reply, tool_call_id: str, tool_call_content: str | None) -> dict[str, Any]:
     """The assistant message of a non-streamed chat completion.
 
-    `tool_call_content` is the `content` next to a tool call: AReaL sends "" (areal-tier.md §6), vLLM and
-    OpenAI send null (agent-clients.md, the non-streaming response).
+    `tool_call_content` is the `content` next to a tool call: AReaL sends "" (docs/areal.md §4.2, §10.6),
+    vLLM and OpenAI send null (docs/agents.md §2.3).
     """
     call = reply.tool_call
     if call is None:

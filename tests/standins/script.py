@@ -4,10 +4,9 @@ Owns: reading a request body of any of the three wire formats (OpenAI chat, Open
 Anthropic Messages) into one `Conversation`, and deciding the `Reply`. Does not own: how a reply is
 encoded on the wire (openai_wire.py, anthropic_wire.py and the backend modules) or HTTP (server.py).
 
-The default script is the one the agent CLIs were measured against (shared/reference/agent-clients.md,
-"The stand-in server"): a conversation that already holds a tool result gets the text "42"; one that
-offers a bash-like tool gets a call to it running `echo $((6 * 7))`; anything else (an agent's title
-request) gets "Shell arithmetic check".
+The default script is the one the agent CLIs were measured against (docs/agents.md §0): a conversation
+that already holds a tool result gets the text "42"; one that offers a bash-like tool gets a call to it
+running `echo $((6 * 7))`; anything else (an agent's title request) gets "Shell arithmetic check".
 
     >>> shell_arithmetic(chat_conversation({"messages": [{"role": "user", "content": "hi"}]})).text
     'Shell arithmetic check'
@@ -24,7 +23,7 @@ TOOL_COMMAND = "echo $((6 * 7))"
 TOOL_DESCRIPTION = "Print the result of 6 * 7"
 FINAL_ANSWER = "42"
 TITLE = "Shell arithmetic check"
-# Tool names the agents use for their shell tool: opencode "bash", Claude Code "Bash" (agent-clients.md).
+# The agents' shell tools: opencode "bash", Claude Code "Bash" (docs/agents.md §3.5, §4.3).
 BASH_LIKE_TOOLS = frozenset({"bash", "shell"})
 # The stand-ins have no tokenizer: a token is counted as 4 bytes of compact JSON, the usual rule of thumb
 # for English text. Only consistency matters: the same count is reported in `usage` and compared with

@@ -129,7 +129,7 @@ class Control:
         """Queue a fault for the next `times` model calls (None: every call until `clear_faults`).
 
         Error faults answer with the backend's own error body; `retry_after_ms` adds the
-        `retry-after-ms` / `retry-after` headers that opencode honours (agent-clients.md, errors).
+        `retry-after-ms` / `retry-after` headers that opencode honours (docs/agents.md §3.6).
         `stall` waits `stall_s` before sending headers; `reset` sends half the body then a TCP RST;
         `truncate` sends half the body then closes; `badsse` sends a broken stream; `gzip` compresses.
         """

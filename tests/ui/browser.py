@@ -5,8 +5,8 @@ calls the tests need: navigate, evaluate, wait for a condition, click, screensho
 protocol over aiohttp's WebSocket client, so no browser-driver package is needed. Does not own: what
 the tests look for.
 
-The flags keep Chromium off the network (the machine's notes on headless Chromium: without the
-background-networking flags it keeps dialling out and its connections are refused):
+The flags keep Chromium off the network (without the background-networking flags it keeps dialling out
+and its connections are refused):
 
     async with Browser() as browser:
         await browser.goto("http://127.0.0.1:8765/")

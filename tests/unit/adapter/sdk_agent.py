@@ -2,7 +2,7 @@
 
 Usage: python sdk_agent.py PROMPT. It reads OPENAI_BASE_URL and OPENAI_API_KEY (as the bundle's
 endpoint sets them), offers one bash tool, prints the model's text and exits 0. It exits 2 when the
-model claims tool calls and sends none (AReaL's unparseable tool call, areal-proxy-protocol.md §4.2),
+model claims tool calls and sends none (AReaL's unparseable tool call, docs/areal.md §4.2),
 and 1 when the API call fails. With AGENT_SLEEP_S set, it first sleeps that long (for cancellation);
 AGENT_MODEL names the model (default "policy", which AReaL ignores).
 """
@@ -25,7 +25,7 @@ TOOLS = [
 ]
 
 time.sleep(float(os.environ.get("AGENT_SLEEP_S", "0")))
-client = openai.OpenAI(max_retries=0)  # SDK retries would leave orphan interactions in AReaL (§7, #1498)
+client = openai.OpenAI(max_retries=0)  # SDK retries leave orphan interactions in AReaL (docs/areal.md §7)
 reply = client.chat.completions.create(
     model=os.environ.get("AGENT_MODEL", "policy"),
     messages=[{"role": "user", "content": sys.argv[1]}],

@@ -211,7 +211,8 @@ async def test_a_context_overflow_is_a_model_fault_that_trains_as_zero(
 
 
 async def unparseable_tool_call(request: web.Request) -> web.Response:
-    """AReaL's answer when the tool-call parser fails: finish_reason tool_calls, tool_calls null (§4.2)."""
+    """AReaL's answer when the tool-call parser fails: finish_reason tool_calls, tool_calls null
+    (docs/areal.md §4.2)."""
     message = {
         "role": "assistant",
         "content": '<tool_call>{"name": "bash", "arguments": {oops',

@@ -2,7 +2,7 @@
 
 The SDK tests run the real openai and anthropic clients against an aiohttp app on loopback that
 fails the first attempt, so the retry header is seen counting; the CLI user agents are the ones
-recorded in shared/reference/agent-clients.md.
+recorded in docs/agents.md §3.5 and §4.3.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def test_anthropic_python_sends_bearer_and_counts_its_retries(flaky_upstre
     assert [path for path, _ in seen] == ["/v1/messages"] * 2
     assert all(h["User-Agent"].startswith("AsyncAnthropic/Python") for _, h in seen)
     assert [retry_count(h) for _, h in seen] == [0, 1]
-    # anthropic 2.14 puts api_key= in Authorization: Bearer, not in x-api-key (agent-clients.md)
+    # anthropic 2.14 puts api_key= in Authorization: Bearer, not in x-api-key (docs/agents.md §5)
     assert all("x-api-key" not in h for _, h in seen)
     assert [presented_key(h) for _, h in seen] == ["sk-ant-py"] * 2
 

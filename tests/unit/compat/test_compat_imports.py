@@ -1,5 +1,5 @@
-"""modeltap.compat imports nothing else of modeltap, and never AReaL (DESIGN §2: `compat` imports
-nothing of ours; compat/areal.py reads AReaL's metadata instead)."""
+"""modeltap.compat imports nothing else of modeltap, and never AReaL (compat/areal.py reads AReaL's
+metadata instead)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tests for modeltap/compat/layouts.py: path layouts, error-body parsing and error classification.
 
-The messages are verbatim from shared/reference/ (token-budgets.md, areal-proxy-protocol.md,
-areal-tier.md, agent-clients.md); a paraphrase here would test nothing.
+The messages are verbatim from docs/ (token-budgets.md, areal.md, agents.md); a paraphrase here would
+test nothing.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_auto_tries_areal_first_where_areal_is_installed():
 @pytest.mark.parametrize(
     ("status", "body", "expected"),
     [
-        (404, b'{"detail":"Not Found"}', True),  # FastAPI / AReaL, areal-proxy-protocol.md §1.1
+        (404, b'{"detail":"Not Found"}', True),  # FastAPI / AReaL, docs/areal.md §1.1.1
         (404, b"404: Not Found", True),  # aiohttp plain text
         (404, b'{"error":{"message":"The model `x` does not exist","code":"model_not_found"}}', False),
         (404, b'{"type":"error","error":{"type":"not_found_error","message":"model: x"}}', False),
@@ -137,9 +137,9 @@ def test_parse_error_takes_str_as_well_as_bytes():
     assert parse_error(404, body) == parse_error(404, body.encode())
 
 
-# Every overflow message in the reference notes, verbatim (numbers filled in as measured).
+# Every overflow message in docs/, verbatim (numbers filled in as measured).
 OVERFLOWS = [
-    # OpenAI, token-budgets.md §4.1 and §7
+    # OpenAI, docs/token-budgets.md §4.1 and §7.3
     (
         400,
         {
@@ -163,7 +163,7 @@ OVERFLOWS = [
             }
         },
     ),
-    # SGLang tokenizer manager, total and prompt alone (token-budgets.md §1.1)
+    # SGLang tokenizer manager, total and prompt alone (docs/token-budgets.md §1.1)
     (
         400,
         {
@@ -187,7 +187,7 @@ OVERFLOWS = [
             "code": 400,
         },
     ),
-    # SGLang scheduler (token-budgets.md §1.1 step 4; not in LiteLLM's list, §6)
+    # SGLang scheduler (docs/token-budgets.md §1.1 step 4; not in LiteLLM's list, §6)
     (
         400,
         {
@@ -197,7 +197,7 @@ OVERFLOWS = [
             "code": 400,
         },
     ),
-    # vLLM 0.33 (token-budgets.md §2.1)
+    # vLLM 0.33 (docs/token-budgets.md §2.1)
     (
         400,
         {
@@ -230,7 +230,7 @@ OVERFLOWS = [
             }
         },
     ),
-    # earlier vLLM (token-budgets.md §2.2)
+    # earlier vLLM (docs/token-budgets.md §2.2)
     (
         400,
         {
@@ -275,7 +275,7 @@ OVERFLOWS = [
             }
         },
     ),
-    # Anthropic (token-budgets.md §4.2; agent-clients.md's stand-in)
+    # Anthropic (docs/token-budgets.md §4.2; docs/agents.md §2.5)
     (
         400,
         {
@@ -286,7 +286,7 @@ OVERFLOWS = [
             },
         },
     ),
-    # AReaL's 500 details (areal-proxy-protocol.md §4.1; areal-tier.md §5)
+    # AReaL's 500 details (docs/areal.md §4.1, §10.5)
     (500, {"detail": "len of prompt tokens 609 exceeds max_total_tokens 256"}),
     (500, {"detail": "Streaming setup failed: 500: len of prompt tokens 609 exceeds max_total_tokens 256"}),
     (500, {"detail": "len of prompt tokens 609 exceeds engine_max_tokens 256"}),
@@ -304,7 +304,7 @@ OVERFLOWS = [
             " Addr: 10.0.0.5:30000. Endpoint: /generate. Last error: 400"
         },
     ),
-    # AReaL before 2025-12 (token-budgets.md §3)
+    # AReaL before 2025-12 (docs/token-budgets.md §3)
     (500, {"detail": "max_tokens must be greater than the number of prompt tokens"}),
 ]
 
@@ -315,7 +315,8 @@ def test_every_known_overflow_is_a_model_fault(status, doc):
 
 
 NOT_OVERFLOWS = [
-    # asking for more completion than the whole window is a client setting (token-budgets.md §1.1, §2.1)
+    # asking for more completion than the whole window is a client setting
+    # (docs/token-budgets.md §1.1, §2.1)
     (
         400,
         {
@@ -337,7 +338,7 @@ NOT_OVERFLOWS = [
         },
         "client_error",
     ),
-    # AReaL (areal-proxy-protocol.md §1.1; areal-tier.md §5)
+    # AReaL (docs/areal.md §1.1.3, §1.3, §10.5)
     (401, {"detail": "Invalid or expired session API key."}, "client_error"),
     (404, {"detail": "Not Found"}, "client_error"),
     (
@@ -357,7 +358,7 @@ NOT_OVERFLOWS = [
     (500, {"detail": "messages cannot be empty"}, "client_error"),
     (500, {"detail": "NotImplementedError: n != 1 is not supported yet"}, "client_error"),
     (500, {"detail": "Internal server error during request conversion."}, "upstream_error"),
-    # OpenAI-style, from agent-clients.md's stand-in
+    # OpenAI-style, from the stand-in of docs/agents.md §2.5, §3.6
     (
         404,
         {
@@ -399,7 +400,7 @@ def test_other_errors_are_classified_by_status(status, doc, expected):
 
 
 def test_gateway_plain_text_502_is_an_upstream_error():
-    # AReaL's gateway answers a dead worker with plain text (areal-proxy-protocol.md §1.2).
+    # AReaL's gateway answers a dead worker with plain text (docs/areal.md §1.2).
     assert classify(502, b"Backend unreachable") == "upstream_error"
 
 

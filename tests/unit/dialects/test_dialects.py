@@ -51,11 +51,11 @@ def tool_call_parse_failure(endpoint: str, response: Any) -> bool:
 
 ARGUMENTS = '{"command": "echo $((6 * 7))"}'
 
-# agent-clients.md: the non-streamed chat body openai-py got for the tool-call turn.
+# docs/agents.md §2.3: the non-streamed chat body openai-py got for the tool-call turn.
 CHAT_TOOL_CALL = chat_completion(
     assistant(None, tool_call("call_1", "bash", ARGUMENTS)), "tool_calls", usage=usage(25, 5)
 )
-# areal-tier.md §5: AReaL's text reply, `model: "None"`.
+# docs/areal.md §10.5: AReaL's text reply, `model: "None"`.
 AREAL_CHAT_TEXT = chat_completion(
     assistant("Echo: hello proxy", tool_calls=None),
     usage=usage(19, 5),
@@ -63,7 +63,7 @@ AREAL_CHAT_TEXT = chat_completion(
     model="None",
     logprobs=None,
 )
-# areal-tier.md §6 / areal-proxy-protocol.md §4.2: malformed tool-call output that failed to parse.
+# docs/areal.md §4.2, §10.6: malformed tool-call output that failed to parse.
 RAW_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {city: Paris}\n</tool_call>'
 AREAL_PARSE_FAILURE = {
     **AREAL_CHAT_TEXT,
@@ -85,7 +85,8 @@ RESPONSE = response(
     usage={"input_tokens": 30, "input_tokens_details": {"cached_tokens": 10}, "output_tokens": 7},
     created_at=CREATED,
 )
-# agent-clients.md: Claude Code's non-streamed fallback body, with cache counts as Anthropic reports them.
+# docs/agents.md §2.3, §4.4: Claude Code's non-streamed fallback body, with cache counts as
+# Anthropic reports them.
 MESSAGE = message(
     [
         {"type": "text", "text": "Let me run that."},
@@ -100,7 +101,7 @@ MESSAGE = message(
     },
     model="claude-opus-5-5",
 )
-# areal-tier.md §6: AReaL's /v1/messages tool call through LiteLLM (an empty text block first).
+# docs/areal.md §10.6: AReaL's /v1/messages tool call through LiteLLM (an empty text block first).
 AREAL_MESSAGE = message(
     [
         {"type": "text", "text": ""},
@@ -404,7 +405,7 @@ def test_chat_next_turn_adds_the_echoed_reply_and_tool_result() -> None:
 
 
 def test_chat_after_a_side_request_shows_from_the_first_changed_message() -> None:
-    # agent-clients.md: opencode's title request has its own system prompt, so turn 1 is all new.
+    # docs/agents.md §3.5: opencode's title request has its own system prompt, so turn 1 is all new.
     title = {"messages": [{"role": "system", "content": "You are a title generator."}, USER]}
     assert new_messages("chat", {"messages": [SYSTEM, USER]}, title) == [SYSTEM, USER]
 
@@ -421,7 +422,7 @@ def claude_user(content: str, cached: bool) -> dict[str, Any]:
 
 
 def test_claude_code_turns() -> None:
-    # agent-clients.md: roles ["user","system"] then ["user","system","assistant","user"], and the
+    # docs/agents.md §4.3: roles ["user","system"] then ["user","system","assistant","user"], and the
     # cache_control marker moves to the newest message.
     turn1 = {"system": CLAUDE_SYSTEM, "messages": [claude_user("Run it", cached=True), ENVIRONMENT]}
     reply = {"role": "assistant", "content": MESSAGE["content"]}

@@ -1,10 +1,9 @@
 """Tests for modeltap/proxy/sse.py: the SSE decoder and the stream assemblers.
 
-The transcripts are the SSE the real clients accepted (shared/reference/agent-clients.md, "SSE shapes
-the clients accepted") and what AReaL's proxy sent (areal-proxy-protocol.md §1.1, areal-tier.md §5-6),
-plus Responses and thinking streams in the shapes the OpenAI and Anthropic APIs document. Every one is
-fed whole, split at every byte offset, byte by byte and with each line ending, and must give the same
-events and the same assembled body.
+The transcripts are the SSE the real clients accepted (docs/agents.md §2.1, §2.2) and what AReaL's
+proxy sent (docs/areal.md §1.1.7, §10.5-§10.6), plus Responses and thinking streams in the shapes the
+OpenAI and Anthropic APIs document. Every one is fed whole, split at every byte offset, byte by byte
+and with each line ending, and must give the same events and the same assembled body.
 """
 
 from __future__ import annotations
@@ -40,14 +39,14 @@ from tests.factories import tool_call_delta as call
 
 ARGUMENTS = '{"command": "echo $((6 * 7))", "description": "Print the product"}'
 OPENCODE_ID = "chatcmpl-7f3a"
-# An OpenAI chat chunk as the agent-clients.md stand-in framed it.
+# An OpenAI chat chunk as the stand-in of docs/agents.md §2.1 framed it.
 chunk = partial(chat_chunk, id=OPENCODE_ID)
 
 
 USAGE = usage(25, 5)
 USAGE_CHUNK = {**chunk({}), "choices": [], "usage": USAGE}
 
-# agent-clients.md: opencode's tool-call turn, arguments split mid-key, usage in a `choices: []` chunk.
+# docs/agents.md §2.1: opencode's tool-call turn, arguments split mid-key, usage in a `choices: []` chunk.
 OPENCODE_TOOL_CALL = b"".join(
     [
         sse_data(chunk({"role": "assistant", "content": ""})),
@@ -79,12 +78,12 @@ OPENCODE_TEXT = b"".join(
 )
 
 
-# AReaL's chunk: `model: "None"`, a 29-hex id (areal-proxy-protocol.md §1.1).
+# AReaL's chunk: `model: "None"`, a 29-hex id (docs/areal.md §1.1.6).
 areal_chunk = partial(chat_chunk, id="chatcmpl-" + "a" * 29, model="None")
 
 
 AREAL_USAGE = {"completion_tokens": 5, "prompt_tokens": 19, "total_tokens": 24}
-# areal-tier.md §5: three chunks (role and "", the whole text, an empty delta with finish_reason and
+# docs/areal.md §10.5: three chunks (role and "", the whole text, an empty delta with finish_reason and
 # usage, although no stream_options was sent), then [DONE].
 AREAL_TEXT = b"".join(
     [
@@ -94,7 +93,7 @@ AREAL_TEXT = b"".join(
         SSE_DONE,
     ]
 )
-# areal-tier.md §6: AReaL 1.0.4 sends each tool call in ONE chunk with its id, name and full arguments.
+# docs/areal.md §10.6: AReaL 1.0.4 sends each tool call in ONE chunk with its id, name and full arguments.
 AREAL_TOOL_CALL = b"".join(
     [
         sse_data(areal_chunk({"role": "assistant", "content": ""})),
@@ -179,7 +178,7 @@ def text(piece: str) -> dict[str, Any]:
     return {"type": "text_delta", "text": piece}
 
 
-# agent-clients.md: Claude Code's tool-use turn, with a ping between the block start and its deltas.
+# docs/agents.md §2.2: Claude Code's tool-use turn, with a ping between the block start and its deltas.
 CLAUDE_TOOL_USE = anthropic(
     block_start(0, {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {}}),
     sse_event({"type": "ping"}),
@@ -195,8 +194,9 @@ CLAUDE_TOOL_USE_BODY = CLAUDE_MESSAGE(
 )
 CLAUDE_TEXT = anthropic(block(0, {"type": "text", "text": ""}, text("42")), stop_reason="end_turn")
 
-# areal-tier.md §5-6: AReaL's /v1/messages stream through LiteLLM. message_start echoes the request's
-# model with usage 0/0; message_delta carries the real usage; the tool input arrives in one delta.
+# docs/areal.md §10.5-§10.6: AReaL's /v1/messages stream through LiteLLM. message_start echoes the
+# request's model with usage 0/0; message_delta carries the real usage; the tool input arrives in
+# one delta.
 AREAL_MESSAGE = {
     **MESSAGE_START["message"],
     "model": "claude-x",
@@ -641,7 +641,7 @@ def test_data_that_is_not_json_is_named_with_its_event_number() -> None:
 
 
 def test_claude_code_bad_sse_stand_in() -> None:
-    # agent-clients.md, the stand-in's `badsse` mode on /v1/messages.
+    # docs/agents.md §4.4 (error injection: §0): the stand-in's `badsse` mode on /v1/messages.
     result = assemble("messages", b"event: message_start\ndata: {not json\n\n")
     assert result == Assembled(None, 1, False, "event 1: data is not JSON: '{not json'")
 
@@ -693,7 +693,7 @@ def test_the_stream_ending_before_anything_arrived() -> None:
 
 
 def test_openai_error_event_mid_stream() -> None:
-    # token-budgets.md §1.4: SGLang and vLLM send errors mid-stream as `data: {"error": {...}}`.
+    # docs/token-budgets.md §1.4, §2.3: SGLang and vLLM send errors mid-stream as `data: {"error": {...}}`.
     error = {"error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": 500}}
     result = assemble("chat", sse_data(chunk({"content": "4"})) + sse_data(error) + SSE_DONE)
     assert result.error == "event 2: upstream error: InternalServerError: engine died"
@@ -701,7 +701,7 @@ def test_openai_error_event_mid_stream() -> None:
 
 
 def test_long_upstream_error_is_cut_and_a_bare_string_is_its_message() -> None:
-    # areal-proxy-protocol.md §4.1: "Failed after N retries" carries the whole prompt's token ids.
+    # docs/areal.md §4.1: "Failed after N retries" carries the whole prompt's token ids.
     detail = "Failed after 3 retries each. Payload: " + "151644, " * 5000
     result = assemble("chat", sse_data({"error": {"message": detail}}) + SSE_DONE)
     assert result.error == "event 1: upstream error: " + detail[:1000] + "…"

@@ -89,7 +89,7 @@ def test_engine_max_tokens_boundary(total: int, policy: str, action: str) -> Non
     ("prompt", "action"), [(E - 2, "pass"), (E - 1, "pass"), (E, "reject"), (E + 1, "reject")]
 )
 def test_prompt_alone_against_engine_max_tokens(prompt: int, action: str) -> None:
-    # AReaL refuses P == E (areal-proxy-protocol.md §4.1), so with M absent P <= E - 1 must hold.
+    # AReaL refuses P == E (docs/areal.md §4.1), so with M absent P <= E - 1 must hold.
     body = {"model": "m", "messages": [], "stream": False}
     decision = decide(dialects.named("chat"), body, prompt, Limits(C, engine_max_tokens=E), "reject", 1)
     assert decision.action == action
@@ -357,7 +357,7 @@ async def test_discover_limits(aiohttp_server: Any, routes: dict[str, Any], foun
 
 
 async def test_discover_limits_against_areal_or_nothing(aiohttp_server: Any) -> None:
-    # AReaL serves none of the discovery paths (areal-proxy-protocol.md §1.1): 404 everywhere.
+    # AReaL serves none of the discovery paths (docs/areal.md §1.1.1): 404 everywhere.
     base = await _serve(aiohttp_server, {"/chat/completions": {}})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -26,7 +26,7 @@ def test_open_returns_a_fresh_url_safe_token_and_both_base_urls() -> None:
     reg = registry()
     first, second = reg.open(), reg.open()
     assert first.token != second.token and first.id != second.id
-    # 32 random bytes: 256 bits, over the 128 DESIGN §3.1 asks for, in URL-safe base64.
+    # 32 random bytes: 256 bits, over the minimum of 128, in URL-safe base64.
     assert re.fullmatch(r"[A-Za-z0-9_-]{43}", first.token)
     assert first.host_base_url == f"{HOST}/s/{first.token}"
     assert first.container_base_url == f"{CONTAINER}/s/{first.token}"

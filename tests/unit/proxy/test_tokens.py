@@ -288,7 +288,7 @@ def test_responses_input_and_instructions_as_areal_converts_them(
     )
 
 
-# A Claude Code turn (shared/reference/agent-clients.md: system blocks with cache_control, system
+# A Claude Code turn (docs/agents.md §4.3: system blocks with cache_control, system
 # entries inside `messages`, thinking, tool_use and tool_result, a tool with defer_loading).
 CLAUDE_CODE_TURN: dict[str, Any] = {
     "max_tokens": 32000,
@@ -342,7 +342,7 @@ CLAUDE_CODE_TURN: dict[str, Any] = {
     "stream": True,
 }
 # What LiteLLM 1.104.9's AnthropicAdapter and AReaL's `_flatten_content_lists` make of it, as produced
-# by running them (reference/areal-proxy-protocol.md §1.1), tool-call arguments parsed as AReaL does.
+# by running them (docs/areal.md §1.1.8), tool-call arguments parsed as AReaL does (§4.2).
 CONVERTED_SYSTEM = "\n".join(block["text"] for block in CLAUDE_CODE_TURN["system"])
 NOTE = (
     "Operator note (not from the user): the following was originally a mid-conversation system-role reminder."

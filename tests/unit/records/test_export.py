@@ -142,7 +142,7 @@ def test_conversation_of_an_anthropic_session_in_openai_format() -> None:
         "system": [{"type": "text", "text": "billing"}, {"type": "text", "text": "You are Claude Code."}],
         "messages": [
             {"role": "user", "content": "6*7?"},
-            {"role": "system", "content": []},  # Claude Code's bare-mode system entry (agent-clients.md)
+            {"role": "system", "content": []},  # Claude Code's bare-mode system entry (docs/agents.md §4.3)
             {
                 "role": "assistant",
                 "content": [{"type": "tool_use", "id": "toolu_0", "name": "Bash", "input": {}}],

@@ -77,7 +77,7 @@ async def test_growing_session_costs_about_its_final_size(tmp_path: Path) -> Non
     naive = sum(len(json.dumps(r["request"]).encode()) for r in rows)
     final = len(json.dumps(rows[-1]["request"]).encode())
     # Shared messages are stored once and each turn references only its new ones: the session costs
-    # about its final conversation (issue 8 asks for at most 1.5x), not the sum of its turns.
+    # about its final conversation (at most 1.5x of it), not the sum of its turns.
     assert sizes["total"] <= 1.5 * final < naive / 10
 
 
