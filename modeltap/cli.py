@@ -152,7 +152,10 @@ def _parser() -> argparse.ArgumentParser:
         "check an AReaL experiment config for the pitfalls that cost GPU days",
         "example:\n  modeltap doctor grpo.yaml ++rollout.agent.admin_api_key=$KEY --gpu-memory-gb 24",
     )
-    doctor.add_arguments(doctor_)
+    # Options between the overrides (`doctor cfg.yaml a=1 --json b=2`): argparse gives no other way to
+    # choose one subcommand's parser class.
+    doctor_.__class__ = _IntermixedParser
+    _doctor_arguments(doctor_)
 
     demo = _command(
         commands,
@@ -353,6 +356,52 @@ async def _serve_app_until_signalled(app: web.Application, host: str, port: int,
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """A subcommand's parser that takes its options anywhere among its positionals. A subcommand is
+    parsed by `parse_known_args`, which stops filling positionals at the first option; this one routes
+    that call to `parse_known_intermixed_args` (which itself calls `parse_known_args`, plainly)."""
+
+    _intermixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
+def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    """config, overrides..., --json, --gpu-memory-gb, --areal-version, --chat-template-kwargs; the
+    options may come anywhere among the config and the overrides."""
+    parser.add_argument("config", help="the AReaL experiment YAML")
+    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: a.b=c, +a.b=c, ++a.b=c, ~a.b")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument(
+        "--gpu-memory-gb", type=float, help="one training GPU's memory, to check small-GPU settings"
+    )
+    parser.add_argument("--areal-version", help="the AReaL version the run uses (default: the installed one)")
+    parser.add_argument(
+        "--chat-template-kwargs",
+        type=_json_object,
+        help="the chat_template_kwargs modeltap's token counter gets, as JSON, if not in the config",
+    )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, such as '{\"enable_thinking\": false}'")
+    return value
 
 
 def _doctor(args: argparse.Namespace) -> int:

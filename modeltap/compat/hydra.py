@@ -1,14 +1,17 @@
-"""Reading an AReaL experiment config the way AReaL's Hydra and OmegaConf do, without either.
+"""Reading an AReaL experiment config the way AReaL does: with Hydra and OmegaConf when they are
+installed (they are in AReaL's environment), else with a reader written after them.
 
-Owns: YAML loading with OmegaConf's scalars, `defaults: [base]` composition, Hydra command-line
-overrides (`a.b=c`, `+a.b=c`, `++a.b=c`, `~a.b`, list indices) and `${a.b}` / `${.rel}` /
-`${oc.env:VAR[,default]}` interpolations resolved on demand (`Config`). Does not own: what the values
-mean (doctor.py's rules).
+Owns: composing the YAML with its `defaults` list and Hydra command-line overrides (`a.b=c`, `+a.b=c`,
+`++a.b=c`, `~a.b`, list indices), by Hydra itself or by the fallback reader, and errors that name the
+file or the override at fault. Interpolations (`${a.b}`, `${oc.env:VAR}`) stay as written. Does not
+own: resolving them against an environment (the doctor's `Config`, doctor/config.py), or what the
+values mean (the doctor's rules).
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +19,6 @@ from typing import Any
 
 import yaml
 
-_OMEGACONF_MISSING = "???"
 _ABSENT = object()
 
 
@@ -42,17 +44,123 @@ _YamlLoader.add_implicit_resolver(
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Read the experiment YAML at `path` and apply Hydra-style `overrides` in order.
+    """Read the experiment YAML at `path` and apply Hydra `overrides` in order, as AReaL's launcher does.
 
     `a.b=c` changes an existing key, `+a.b=c` adds a new one, `++a.b=c` adds or changes, `~a.b` (or
     `~a.b=c`, only if it is c) deletes; values are read as Hydra reads them (`null`, `true`, `42`,
-    `1e-5`, `[a, b]`, `{k: v}`, quoted strings). A `defaults: [base, _self_]` list composes configs of
-    the same folder first, as Hydra does (`_self_` last unless placed). Interpolations stay as
-    written; `check` resolves them. Raises ValueError with the file or the override at fault.
+    `1e-5`, `[a, b]`, `{k: v}`, quoted strings), and a mapping given to a mapping merges into it (so
+    replacing one takes `~key ++key={...}`). A `defaults: [base, _self_]` list composes configs of the
+    same folder first (`_self_` last unless placed). Interpolations stay as written; the doctor's
+    `Config` resolves them. Raises ValueError naming the file or the override at fault.
+
+    Hydra composes it when hydra-core and omegaconf are importable; otherwise `_load_by_hand` does, for
+    `defaults` lists of config names only.
 
         config = load_config("grpo.yaml", ["++rollout.agent.engine_max_tokens=32762"])
     """
-    config = _read_composed(Path(path), ())
+    if not path.endswith(".yaml"):
+        raise ValueError(f"{path}: Hydra, and so AReaL, reads only config files named *.yaml")
+    try:
+        import hydra  # noqa: F401  (imported here: it costs a tenth of a second, and is optional)
+        import omegaconf  # noqa: F401
+    except ImportError:
+        return _load_by_hand(Path(path), overrides)
+    return _load_with_hydra(Path(path), list(overrides))
+
+
+def _load_with_hydra(path: Path, overrides: list[str]) -> dict[str, Any]:
+    _check_readable(path)
+    try:
+        return _compose(path, overrides)
+    except _hydra_failures() as exc:
+        raise _at_fault(path, overrides, exc) from exc
+
+
+def _compose(path: Path, overrides: list[str]) -> dict[str, Any]:
+    """Hydra's composition, with interpolations left as written. GlobalHydra is cleared before, as AReaL
+    does, and after, so that no Hydra state outlives the call."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with warnings.catch_warnings():
+            # "Defaults list is missing `_self_`": Hydra then composes the file last, as AReaL gets it.
+            warnings.simplefilter("ignore", UserWarning)
+            # version_base=None: what AReaL's launcher passes (load_expr_config in areal/api/cli_args.py)
+            with initialize_config_dir(config_dir=str(path.resolve().parent), version_base=None):
+                composed = compose(config_name=path.name.removesuffix(".yaml"), overrides=overrides)
+        config = OmegaConf.to_container(composed, resolve=False)
+    finally:
+        GlobalHydra.instance().clear()
+    assert isinstance(config, dict)  # compose refuses a primary config that is not a mapping
+    return {str(key): value for key, value in config.items()}
+
+
+def _hydra_failures() -> tuple[type[BaseException], ...]:
+    """What Hydra raises for a bad config or override: its own and OmegaConf's errors, YAML errors, and
+    builtins from inside it (OSError for a scalar at the top, RecursionError for a config that includes
+    itself, TypeError for `~list.0`, ValueError for a defaults list that is not a list)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return (
+        HydraException,
+        OmegaConfBaseException,
+        yaml.YAMLError,
+        OSError,
+        RecursionError,
+        TypeError,
+        ValueError,
+        KeyError,
+        IndexError,
+    )
+
+
+def _at_fault(path: Path, overrides: list[str], exc: BaseException) -> ValueError:
+    """A ValueError naming what failed: the first override whose addition breaks the composition, else
+    the file (for a YAML error, the file of the defaults list it is in)."""
+    if overrides and _failure(path, []) is None:
+        for count in range(1, len(overrides) + 1):
+            failure = _failure(path, overrides[:count])
+            if failure is not None:
+                return ValueError(f"override {overrides[count - 1]!r}: {_message(failure)}")
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        return ValueError(f"{exc.problem_mark.name}: not valid YAML: {exc}")
+    if isinstance(exc, RecursionError):
+        return ValueError(f"{path}: its defaults list includes itself, directly or through another config")
+    return ValueError(f"{path}: {_message(exc)}")
+
+
+def _failure(path: Path, overrides: list[str]) -> BaseException | None:
+    try:
+        _compose(path, overrides)
+    except _hydra_failures() as exc:
+        return exc
+    return None
+
+
+def _message(exc: BaseException) -> str:
+    """Hydra's message without its search-path listing and its link, with the cause it wraps."""
+    text = str(exc).split("\n\n")[0].split("\nSee https://hydra.cc")[0]
+    text = " ".join(line.strip() for line in text.splitlines())
+    if isinstance(exc, TypeError | KeyError | IndexError):  # a Hydra bug rather than a message
+        text = f"Hydra failed with {type(exc).__name__}: {text}"
+    cause = str(exc.__cause__ or "").strip()
+    return f"{text} ({cause.splitlines()[0]})" if cause else text
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        path.open("rb").close()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it: {exc.strerror}") from exc
+
+
+def _load_by_hand(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """The fallback reader: Hydra's composition and overrides, written after them."""
+    config = _read_composed(path, ())
     for override in overrides:
         _apply_override(config, override)
     return config
@@ -95,8 +203,9 @@ def _merged(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-# Hydra's key grammar: dot-separated IDs or list indices (hydra/grammar/OverrideLexer.g4, DOT_PATH).
-_KEY_PART = r"(?:[A-Za-z_][A-Za-z0-9_]*|0|[1-9][0-9]*)"
+# Hydra's key grammar: dot-separated keys or list indices (KEY_SPECIAL, INT_UNSIGNED and DOT_PATH in
+# https://github.com/facebookresearch/hydra/blob/main/hydra/grammar/OverrideLexer.g4).
+_KEY_PART = r"(?:[A-Za-z_$][A-Za-z0-9_$-]*|0|[1-9][0-9]*)"
 _OVERRIDE = re.compile(rf"(?P<op>~|\+\+|\+)?(?P<key>{_KEY_PART}(?:\.{_KEY_PART})*)(?:=(?P<value>.*))?", re.S)
 
 
@@ -106,35 +215,70 @@ def _apply_override(config: dict[str, Any], text: str) -> None:
         raise ValueError(f"override {text!r}: expected key=value, +key=value, ++key=value or ~key")
     op, key = match["op"] or "", match["key"]
     value = None if match["value"] is None else _parse_value(match["value"], text)
+    if key.split(".")[0] == "hydra":
+        return  # Hydra's own settings: they go to its `hydra` node, which the composed config leaves out
     *parents, leaf = key.split(".")
     node: Any = config
     for depth, part in enumerate(parents):
         child = _child(node, part)
-        if child is _ABSENT and op in ("+", "++") and isinstance(node, dict):
-            child = node[part] = {}
+        if not isinstance(child, dict | list) and op in ("+", "++") and isinstance(node, dict):
+            child = node[part] = {}  # Hydra's merge puts a mapping where there was none, or a scalar
         if not isinstance(child, dict | list):
             where = ".".join(parents[: depth + 1])
             raise ValueError(f"override {text!r}: {where} is not a mapping or list in the config")
         node = child
     current = _child(node, leaf)
     if op == "~":
-        if current is _ABSENT:
-            raise ValueError(f"override {text!r}: could not delete {key}, it is not in the config")
-        if match["value"] is not None and current != value:
-            raise ValueError(f"override {text!r}: {key} is {current!r}, not {value!r}")
-        del node[int(leaf) if isinstance(node, list) else leaf]
+        _delete(node, leaf, current, value if match["value"] is not None else _ABSENT, text)
     elif op == "" and current is _ABSENT:
         raise ValueError(
             f"override {text!r}: {key} is not in the config; to add it use +{key}=... (or ++{key}=...)"
         )
     elif op == "+" and current is not _ABSENT:
         raise ValueError(f"override {text!r}: {key} is already in the config; to change it use {key}=...")
-    elif isinstance(node, list):
-        if current is _ABSENT:
-            raise ValueError(f"override {text!r}: {key} is past the end of its list")
-        node[int(leaf)] = value
+    elif isinstance(node, list) and current is _ABSENT:
+        raise ValueError(f"override {text!r}: {key} is past the end of its list")
     else:
-        node[leaf] = value
+        node[int(leaf) if isinstance(node, list) else leaf] = _assigned(current, value, op, text)
+
+
+def _assigned(current: Any, value: Any, op: str, text: str) -> Any:
+    """What `key=value` leaves at the key: Hydra merges a mapping into the mapping already there (so
+    `key={}` changes nothing), and without `++` the mapping may not bring keys the config lacks."""
+    if not (isinstance(current, dict) and isinstance(value, dict)):
+        return value
+    new = _new_keys(current, value)
+    if op == "" and new:
+        key = text.strip().partition("=")[0]
+        raise ValueError(
+            f"override {text!r}: {key}.{new} is not in the config; to add it use ++{text.strip()}"
+        )
+    return _merged(current, value)
+
+
+def _new_keys(base: Mapping[str, Any], update: Mapping[str, Any]) -> str | None:
+    """The first key path of `update` that `base` lacks, or None."""
+    for key, value in update.items():
+        if key not in base:
+            return str(key)
+        inner = (
+            _new_keys(base[key], value) if isinstance(base[key], dict) and isinstance(value, dict) else None
+        )
+        if inner is not None:
+            return f"{key}.{inner}"
+    return None
+
+
+def _delete(node: dict[str, Any] | list[Any], leaf: str, current: Any, expected: Any, text: str) -> None:
+    """`~key` (`expected` is _ABSENT) or `~key=value`."""
+    key = text.strip().lstrip("~").partition("=")[0]
+    if isinstance(node, list):  # Hydra 1.4.0.dev1 fails on it with a TypeError
+        raise ValueError(f"override {text!r}: Hydra cannot delete an item of a list")
+    if current is _ABSENT:
+        raise ValueError(f"override {text!r}: could not delete {key}, it is not in the config")
+    if expected is not _ABSENT and current != expected:
+        raise ValueError(f"override {text!r}: {key} is {current!r}, not {expected!r}")
+    del node[leaf]
 
 
 def _child(node: object, part: str) -> Any:
@@ -154,7 +298,10 @@ _FLOAT = re.compile(
 def _parse_value(text: str, override: str) -> Any:
     """A Hydra override value: a primitive, a quoted string, or a `[...]` / `{...}` of values."""
     parser = _ValueParser(text)
-    value = parser.value(stop=",")
+    try:
+        value = parser.value(stop=",")
+    except ValueError as exc:
+        raise ValueError(f"override {override!r}: {exc}") from None
     parser.skip_space()
     if parser.pos != len(text):
         raise ValueError(
@@ -237,6 +384,7 @@ class _ValueParser:
 
 
 def primitive(token: str) -> Any:
+    """A token as Hydra reads an unquoted value: null, a bool, an int, a float, else the string."""
     lowered = token.lower()
     if lowered == "null":
         return None
@@ -247,114 +395,3 @@ def primitive(token: str) -> Any:
     if _FLOAT.fullmatch(token):
         return float(token.replace("_", ""))
     return token
-
-
-# --- Reading: interpolations resolved on demand ---------------------------------------------------
-
-
-class Unresolved(Exception):
-    """A value the doctor cannot know here, such as `${oc.env:VAR}` with VAR unset."""
-
-    def __init__(self, path: str, reason: str, needs: str | None = None) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-        self.reason = reason
-        self.needs = needs  # the environment variable it waits for, if that is what it is
-
-
-_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
-
-
-class Config:
-    """Read access to a loaded config, resolving OmegaConf interpolations against `env` on the way.
-
-    `get` returns `default` for a key that is absent (or OmegaConf's `???`) and raises `Unresolved`
-    for one that cannot be evaluated here; `check` turns that into an `info` finding."""
-
-    _MAX_DEPTH = 32  # interpolations following interpolations: deeper than this is a cycle
-
-    def __init__(self, raw: Mapping[str, Any], env: Mapping[str, str]) -> None:
-        self._raw = raw
-        self._env = env
-
-    def has(self, path: str) -> bool:
-        return self._node(path, 0) is not _ABSENT
-
-    def get(self, path: str, default: Any = None) -> Any:
-        node = self._node(path, 0)
-        if node is _ABSENT or node == _OMEGACONF_MISSING:
-            return default
-        return self._resolve(node, path, 0)
-
-    def size(self, path: str) -> int:
-        """How many items the list (or keys the mapping) at `path` has, without resolving them."""
-        node = self._follow(self._node(path, 0), path, 0)
-        return len(node) if isinstance(node, list | dict) else 0
-
-    def _node(self, path: str, depth: int) -> Any:
-        node: Any = self._raw
-        walked: list[str] = []
-        for part in path.split("."):
-            node = self._follow(node, ".".join(walked), depth)
-            node = _child(node, part)
-            if node is _ABSENT:
-                return _ABSENT
-            walked.append(part)
-        return node
-
-    def _follow(self, node: Any, path: str, depth: int) -> Any:
-        """A node that is exactly `${other.path}` stands for that node."""
-        while isinstance(node, str) and (match := _INTERPOLATION.fullmatch(node)):
-            target = self._target(match[1], path)
-            if target is None or depth > self._MAX_DEPTH:
-                return node
-            node, path, depth = self._node(target, depth + 1), target, depth + 1
-        return node
-
-    def _resolve(self, node: Any, path: str, depth: int) -> Any:
-        if depth > self._MAX_DEPTH:
-            raise Unresolved(path, "the interpolations form a cycle")
-        if isinstance(node, dict):
-            return {k: self._resolve(v, f"{path}.{k}", depth) for k, v in node.items()}
-        if isinstance(node, list):
-            return [self._resolve(v, f"{path}.{i}", depth) for i, v in enumerate(node)]
-        if not isinstance(node, str) or "${" not in node:
-            return node
-        whole = _INTERPOLATION.fullmatch(node)
-        if whole:
-            return self._evaluate(whole[1], path, depth)
-        if _INTERPOLATION.sub("", node).count("${"):
-            raise Unresolved(path, f"{node!r} nests interpolations, which doctor does not evaluate")
-        return _INTERPOLATION.sub(lambda m: str(self._evaluate(m[1], path, depth)), node)
-
-    def _evaluate(self, expression: str, path: str, depth: int) -> Any:
-        if expression.startswith("oc.env:"):
-            name, comma, fallback = expression[len("oc.env:") :].partition(",")
-            value = self._env.get(name.strip())
-            if value is not None:
-                return value
-            if comma:
-                return primitive(fallback.strip().strip("'\""))
-            raise Unresolved(
-                path, f"${{{expression}}} needs the environment variable {name.strip()}", name.strip()
-            )
-        target = self._target(expression, path)
-        if target is None:
-            raise Unresolved(path, f"${{{expression}}} uses a resolver doctor does not evaluate")
-        node = self._node(target, depth + 1)
-        if node is _ABSENT:
-            raise Unresolved(path, f"${{{expression}}} points at {target}, which is not in the config")
-        return self._resolve(node, target, depth + 1)
-
-    @staticmethod
-    def _target(expression: str, path: str) -> str | None:
-        """The absolute path an interpolation refers to (`a.b`, or relative `.b`, `..b`), or None for a
-        resolver call such as `oc.env:` or `now:`."""
-        expression = expression.strip()
-        if ":" in expression:
-            return None
-        dots = len(expression) - len(expression.lstrip("."))
-        if not dots:
-            return expression
-        base = path.split(".")[:-dots] if path else []
-        return ".".join([*base, expression[dots:]])

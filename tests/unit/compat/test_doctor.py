@@ -1,4 +1,5 @@
-"""Tests for modeltap/compat/doctor.py.
+"""Tests for modeltap/compat/doctor/ (the rules, `check`, `render`) and `modeltap doctor`'s command line
+in modeltap/cli.py. Reading the YAML (compat/hydra.py) is tested in test_hydra.py.
 
 Each file in tests/fixtures/doctor/ is the clean config with one pitfall; each must raise exactly its
 rule's findings, and applying the finding's own fix must clear them. The bundle contents come from
@@ -7,7 +8,6 @@ the adapter's real loader, as `modeltap doctor` passes them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
@@ -16,19 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from modeltap import cli
 from modeltap.adapter import load_bundle
-from modeltap.compat.doctor import (
-    EXIT_ERRORS,
-    RULES,
-    Finding,
-    add_arguments,
-    check,
-    exit_code,
-    load_config,
-    render,
-)
+from modeltap.compat import doctor
+from modeltap.compat.doctor import EXIT_ERRORS, RULES, Finding, check, exit_code, load_config, render
+from modeltap.compat.doctor.config import Config, Unresolved
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "doctor"
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "tests" / "fixtures" / "doctor"
 ENV = {"MODELTAP_TEST_ADMIN_KEY": "Vb3x9W2kq0eR7nT4yZ1uA8sD5fG6hJ2lP0oI9uY7tR4"}
 
 
@@ -66,6 +61,7 @@ PITFALLS = [
     ("workflow_not_found", "workflow", ["error"]),
     ("bundle_missing", "workflow", ["error"]),
     ("unknown_task", "workflow", ["error"]),
+    ("unknown_key", "unknown-key", ["warning"]),
 ]
 
 
@@ -123,7 +119,7 @@ def test_all_fixes_at_once_leave_nothing():
         ("engine_max_tokens_unset", "++rollout.agent.engine_max_tokens=32762"),
         ("engine_max_tokens_over_window", "++rollout.agent.engine_max_tokens=32762"),
         ("micro_batches_small", "++actor.mb_spec.max_tokens_per_mb=32762"),
-        ("thinking_mismatch", "'++workflow_kwargs.proxy.chat_template_kwargs={}'"),
+        ("thinking_mismatch", "'~workflow_kwargs.proxy.chat_template_kwargs'"),
         ("proxy_budget_off", "++workflow_kwargs.proxy.engine_max_tokens=32762"),
         # long-refactor's 900 s plus the 300 s margin
         ("request_timeout_short", "++rollout.request_timeout=1200"),
@@ -376,104 +372,7 @@ def test_workflow_typo_gets_the_close_name(explosive_package):
     assert [f.fix for f in findings] == ["++workflow=explosive.agents.coder.CodingAgent"]
 
 
-# --- loading: YAML, defaults lists, overrides -----------------------------------------------------
-
-
-def write(tmp_path: Path, text: str, name: str = "c.yaml") -> str:
-    (tmp_path / name).write_text(text)
-    return str(tmp_path / name)
-
-
-@pytest.mark.parametrize(
-    ("override", "expected"),
-    [
-        ("a.b=2", {"a": {"b": 2, "c": [1, 2]}}),
-        ("a.b=-1.5", {"a": {"b": -1.5, "c": [1, 2]}}),
-        ("a.b=1e-5", {"a": {"b": 1e-5, "c": [1, 2]}}),
-        ("a.b=true", {"a": {"b": True, "c": [1, 2]}}),
-        ("a.b=False", {"a": {"b": False, "c": [1, 2]}}),
-        ("a.b=null", {"a": {"b": None, "c": [1, 2]}}),
-        ("a.b=", {"a": {"b": "", "c": [1, 2]}}),
-        ("a.b=hello world", {"a": {"b": "hello world", "c": [1, 2]}}),
-        ("a.b='quoted, with comma'", {"a": {"b": "quoted, with comma", "c": [1, 2]}}),
-        ('a.b="1"', {"a": {"b": "1", "c": [1, 2]}}),
-        ("a.b=expandable_segments:True", {"a": {"b": "expandable_segments:True", "c": [1, 2]}}),
-        ("a.b=${oc.env:X,y}", {"a": {"b": "${oc.env:X,y}", "c": [1, 2]}}),
-        ("a.b=[1, x, [2.5]]", {"a": {"b": [1, "x", [2.5]], "c": [1, 2]}}),
-        ("a.b={k: v, n: 1, d: {e: null}}", {"a": {"b": {"k": "v", "n": 1, "d": {"e": None}}, "c": [1, 2]}}),
-        ("a.b={}", {"a": {"b": {}, "c": [1, 2]}}),
-        ("a.c.1=9", {"a": {"b": 1, "c": [1, 9]}}),
-        ("+a.d=3", {"a": {"b": 1, "c": [1, 2], "d": 3}}),
-        ("+x.y.z=3", {"a": {"b": 1, "c": [1, 2]}, "x": {"y": {"z": 3}}}),
-        ("++a.b=4", {"a": {"b": 4, "c": [1, 2]}}),
-        ("++a.d=4", {"a": {"b": 1, "c": [1, 2], "d": 4}}),
-        ("~a.b", {"a": {"c": [1, 2]}}),
-        ("~a.b=1", {"a": {"c": [1, 2]}}),
-        ("~a.c.0", {"a": {"b": 1, "c": [2]}}),
-    ],
-)
-def test_overrides(tmp_path, override, expected):
-    assert load_config(write(tmp_path, "a:\n  b: 1\n  c: [1, 2]\n"), [override]) == expected
-
-
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("a.x=1", r"a\.x is not in the config; to add it use \+a\.x="),
-        ("+a.b=1", r"a\.b is already in the config"),
-        ("~a.x", r"could not delete a\.x"),
-        ("~a.b=2", r"a\.b is 1, not 2"),
-        ("a.b=1,2", r"Hydra sweep"),
-        ("a.c.5=1", r"is not in the config"),
-        ("++a.c.5=1", r"past the end of its list"),
-        ("a.b.c=1", r"a\.b is not a mapping or list"),
-        ("a.b", r"expected key=value"),
-        ("a-b=1", r"expected key=value"),
-        ("a.b=[1, 2", r"expected ',' or ']'"),
-        ("a.b='open", r"expected \"'\""),
-    ],
-)
-def test_bad_overrides_say_what_is_wrong(tmp_path, override, message):
-    with pytest.raises(ValueError, match=message):
-        load_config(write(tmp_path, "a:\n  b: 1\n  c: [1, 2]\n"), [override])
-
-
-def test_yaml_reads_floats_as_omegaconf_does(tmp_path):
-    config = load_config(write(tmp_path, "eps: 1e-8\nlr: 1.70e-5\nn: 10\nv: 2.1.0\ns: '1e-8'\nt: 1_000\n"))
-    assert config == {"eps": 1e-8, "lr": 1.7e-5, "n": 10, "v": "2.1.0", "s": "1e-8", "t": 1000}
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("a: 1\na: 2\n", "duplicate key 'a'"),
-        ("a: [\n", "not valid YAML"),
-        ("- 1\n- 2\n", "the top level must be a mapping"),
-        ("defaults: [{db: mysql}]\n", "defaults list of config names only"),
-        ("defaults: [c]\n", "includes itself"),
-    ],
-)
-def test_bad_files_say_what_is_wrong(tmp_path, text, message):
-    with pytest.raises(ValueError, match=message):
-        load_config(write(tmp_path, text))
-
-
-def test_missing_file(tmp_path):
-    with pytest.raises(ValueError, match="cannot read it"):
-        load_config(str(tmp_path / "nope.yaml"))
-
-
-def test_defaults_compose_like_hydra(tmp_path):
-    write(tmp_path, "a: {b: 1, c: [1, 2]}\nd: base\n", "base.yaml")
-    assert load_config(write(tmp_path, "defaults: [base]\na: {c: [3]}\n")) == {
-        "a": {"b": 1, "c": [3]},
-        "d": "base",
-    }
-    # _self_ first: the included config wins
-    assert load_config(write(tmp_path, "defaults: [_self_, base]\nd: own\n")) == {
-        "a": {"b": 1, "c": [1, 2]},
-        "d": "base",
-    }
+# --- reading values ------------------------------------------------------------------------------
 
 
 def test_interpolations_resolve(tmp_path):
@@ -482,19 +381,161 @@ def test_interpolations_resolve(tmp_path):
     h: "${a.f.g}"
     loop: "${loop}"
     rel: "${oc.decode:1}"
+    missing: ???
     """
-    from modeltap.compat.hydra import Config, Unresolved
-
-    config = Config(load_config(write(tmp_path, text.replace("\n    ", "\n"))), {"NAME": "n"})
+    (tmp_path / "c.yaml").write_text(text.replace("\n    ", "\n"))
+    config = Config(load_config(str(tmp_path / "c.yaml")), {"NAME": "n"})
     assert config.get("a.c") == 4
     assert config.get("a.d") == "x-4-n"
     assert config.get("a.e") == 4
     assert config.get("a.f.g") == 4
     assert config.get("h") == 4
+    assert config.get("missing", "default") == "default"
     with pytest.raises(Unresolved, match="cycle"):
         config.get("loop")
     with pytest.raises(Unresolved, match="resolver"):
         config.get("rel")
+    with pytest.raises(Unresolved, match="needs the environment variable NAME") as error:
+        Config(config._raw, {}).get("a.d")
+    assert error.value.needs == "NAME"
+
+
+# --- misspelt keys --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "path", "known"),
+    [
+        ("+rollout.agent.engine_max_token=32762", "rollout.agent.engine_max_token", "engine_max_tokens"),
+        ("+actor.mb_spec.max_token_per_mb=32768", "actor.mb_spec.max_token_per_mb", "max_tokens_per_mb"),
+        ("+rollout.request_timout=1800", "rollout.request_timout", "request_timeout"),
+        ("+rollout.agent.admin-api-key=x", "rollout.agent.admin-api-key", "admin_api_key"),  # - for _
+        ("+workflow_kwargs.task=[add-2-3]", "workflow_kwargs.task", "tasks"),
+        ("+workflow_kwargs.proxy.tokeniser=x", "workflow_kwargs.proxy.tokeniser", "tokenizer"),
+    ],
+)
+def test_a_misspelt_key_gets_did_you_mean_and_a_rename(override, path, known):
+    findings = run("clean", [override])
+    assert [(f.rule, f.severity, f.path) for f in findings] == [("unknown-key", "warning", path)]
+    assert f"did you mean {known!r}?" in findings[0].title
+    delete, rename = shlex.split(findings[0].fix)
+    assert delete == f"~{path}"
+    assert rename.startswith(f"++{path.rpartition('.')[0]}.{known}=")
+    assert run("clean", [override, delete, rename]) == []
+
+
+def test_the_rename_keeps_the_value_as_written():
+    findings = run("clean", ["+workflow_kwargs.proxy.engine_max_token=${rollout.agent.engine_max_tokens}"])
+    assert shlex.split(findings[0].fix)[1] == (
+        '++workflow_kwargs.proxy.engine_max_tokens="${rollout.agent.engine_max_tokens}"'
+    )
+    # applied, the rename gives the real key the misspelt one's value, which the other rules then check
+    misspelt = ["+rollout.agent.engine_max_token=40000"]
+    fixes = shlex.split(run("clean", misspelt)[0].fix)
+    assert [f.title for f in run("clean", misspelt + fixes)][:1] == [
+        "engine_max_tokens (40000) is not below sglang.context_length (32768)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "++rollout.request_retries=5",  # AReaL's own fields next to ones doctor reads
+        "+rollout.setup_timeout=120",
+        "+rollout.agent.session_timeout_seconds=600",
+        "+actor.scheduling_strategy={type: separation}",
+        "+eval_workflow_kwargs.bundle=bundle.toml",
+        "+gconfig.max_token=1",  # a section no rule reads: nothing to compare with
+        "++workflow=areal.workflow.Other",  # not modeltap's workflow: its kwargs are its own business
+    ],
+)
+def test_real_neighbours_are_not_taken_for_misspellings(override):
+    assert "unknown-key" not in [f.rule for f in run("clean", [override])]
+
+
+def test_a_misspelt_key_is_found_when_the_rule_reading_it_could_not_run():
+    findings = run(
+        "clean", ["sglang.context_length=${oc.env:CONTEXT_LENGTH}", "+actor.mb_spec.max_token_per_mb=1"]
+    )
+    assert [(f.rule, f.path) for f in findings] == [
+        ("unknown-key", "actor.mb_spec.max_token_per_mb"),
+        ("engine-max-tokens", "sglang.context_length"),  # the info naming the checks that did not run
+    ]
+
+
+def test_the_legacy_agent_section_is_compared_too():
+    config = load_config("clean.yaml")
+    config["rollout"]["openai"] = config["rollout"].pop("agent")
+    config["rollout"]["openai"]["engine_max_token"] = 1
+    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0, areal_version="2.1.0")
+    assert "rollout.openai.engine_max_token" in [f.path for f in findings if f.rule == "unknown-key"]
+
+
+# --- rules that could not run ---------------------------------------------------------------------
+
+
+def test_an_unreadable_value_names_the_check_it_stopped_in_words():
+    (finding,) = run("clean", env={})
+    assert (
+        finding.title == "rollout.agent.admin_api_key could not be read, so the admin-key check did not run"
+    )
+    assert finding.why == (
+        "${oc.env:MODELTAP_TEST_ADMIN_KEY} needs the environment variable MODELTAP_TEST_ADMIN_KEY. "
+        "Not checked: the admin key AReaL's proxy starts with (admin-key)."
+    )
+
+
+def test_one_unreadable_value_names_every_check_it_stopped():
+    findings = run("clean", ["sglang.context_length=${oc.env:CONTEXT_LENGTH}"])
+    assert [(f.severity, f.path) for f in findings] == [("info", "sglang.context_length")]
+    assert findings[0].title == (
+        "sglang.context_length could not be read, so the engine-max-tokens, micro-batches and "
+        "proxy-budget checks did not run"
+    )
+    assert "AReaL's engine_max_tokens against the backend's context window (engine-max-tokens)" in (
+        findings[0].why
+    )
+    assert "the micro-batch size against the longest trajectory (micro-batches)" in findings[0].why
+    assert "modeltap's token budget against AReaL's cap (proxy-budget)" in findings[0].why
+    # the same environment as the trainer's, and the rules run
+    assert (
+        run(
+            "clean",
+            ["sglang.context_length=${oc.env:CONTEXT_LENGTH}"],
+            env={**ENV, "CONTEXT_LENGTH": "32768"},
+        )
+        == []
+    )
+
+
+def test_a_missing_bundle_says_which_check_it_stopped():
+    (finding,) = run("bundle_missing")
+    assert finding.why.endswith(
+        "Until this is fixed, doctor cannot check rollout.request_timeout against the longest episode "
+        "(request-timeout)."
+    )
+    # with the bundle there, that check runs and finds the short timeout
+    assert [f.rule for f in run("request_timeout_short")] == ["request-timeout"]
+
+
+def test_every_rule_says_in_one_line_what_it_checks():
+    for rule_id, rule in doctor._RULES:
+        summary = (rule.__doc__ or "").strip().splitlines()[0]
+        assert summary.endswith(".") and 20 <= len(summary) <= 90, (rule_id, summary)
+
+
+# --- the shipped example --------------------------------------------------------------------------
+
+
+def test_the_example_config_passes(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)  # its bundle path is relative to where AReaL starts: a checkout
+    monkeypatch.delenv("AREAL_ADMIN_KEY", raising=False)
+    assert cli.main(["doctor", "examples/areal.yaml"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "0 errors, 0 warnings, 2 info"
+    # with the trainer's environment and a large GPU there is nothing left to say
+    config = load_config("examples/areal.yaml")
+    env = {"AREAL_ADMIN_KEY": "Vb3x9W2kq0eR7nT4yZ1uA8sD5fG6hJ2lP0oI9uY7tR4"}
+    assert check(config, env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0, areal_version="2.1.0") == []
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -517,28 +558,43 @@ def test_render_json():
     assert [Finding(**f) for f in doc["findings"]] == findings
 
 
-def test_add_arguments_reads_the_documented_command_line():
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(
-        [
-            "--gpu-memory-gb",
-            "24",
-            "c.yaml",
-            "++a.b=1",
-            "~c",
-            "--json",
-            "--chat-template-kwargs",
-            '{"enable_thinking": false}',
-        ]
-    )
+# --- the command line -----------------------------------------------------------------------------
+
+
+def test_options_may_come_among_the_overrides(monkeypatch, capsys):
+    monkeypatch.setenv("MODELTAP_TEST_ADMIN_KEY", ENV["MODELTAP_TEST_ADMIN_KEY"])
+    argv = ["doctor", "clean.yaml", "++seed=2", "--json", "+rollout.agent.engine_max_token=1"]
+    assert cli.main([*argv, "--gpu-memory-gb", "80", "--areal-version", "2.1.0"]) == 0
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    # the override after --json was applied, and --gpu-memory-gb after it was read (no small-GPU info)
+    assert [(f["rule"], f["path"]) for f in findings] == [("unknown-key", "rollout.agent.engine_max_token")]
+
+
+def test_the_command_line_reads_every_option(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "_doctor", lambda args: seen.append(args) or 0)
+    argv = ["--gpu-memory-gb", "24", "c.yaml", "++a.b=1", "--json", "~c", "--chat-template-kwargs", "{}"]
+    assert cli.main(["doctor", *argv, "x=1"]) == 0
+    (args,) = seen
     assert (args.config, args.overrides, args.json, args.gpu_memory_gb) == (
         "c.yaml",
-        ["++a.b=1", "~c"],
+        ["++a.b=1", "~c", "x=1"],
         True,
         24.0,
     )
-    assert args.chat_template_kwargs == {"enable_thinking": False}
+    assert args.chat_template_kwargs == {}
     assert args.areal_version is None
-    with pytest.raises(SystemExit):
-        parser.parse_args(["c.yaml", "--chat-template-kwargs", "[1]"])
+
+
+@pytest.mark.parametrize(("value", "message"), [("[1]", "expected a JSON object"), ("{no", "not JSON")])
+def test_chat_template_kwargs_must_be_a_json_object(value, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["doctor", "c.yaml", "--chat-template-kwargs", value])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_config_that_cannot_be_read_exits_2_naming_the_file(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("a: [\n")
+    assert cli.main(["doctor", str(tmp_path / "bad.yaml")]) == 2
+    assert f"{tmp_path / 'bad.yaml'}: not valid YAML" in capsys.readouterr().err
