@@ -58,6 +58,8 @@ KNOWN_BLOBS_MAX = 65536
 LAST_LISTS_MAX = 4096
 # How long close() waits for the writer to drain before saying so.
 CLOSE_TIMEOUT_S = 30.0
+# The error class of an exchange whose full record could not be written (its minimal record says why).
+RECORD_ERROR = "record_error"
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: sessions, exchanges, content-addressed blobs
@@ -318,9 +320,11 @@ class RecordStore:
         for (item, _, _), item_error in zip(batch, errors, strict=True):
             if item_error is None:
                 self.written += isinstance(item, Exchange)
-            else:
-                self.failures += 1
-                log.error("record store: failed to write a record to %s", self.path, exc_info=item_error)
+                continue
+            self.failures += 1
+            log.error("record store: failed to write a record to %s", self.path, exc_info=item_error)
+            if isinstance(item, Exchange):
+                self._write_minimal(conn, item, item_error)
         self._finished += sum(isinstance(item, Exchange) for item, _, _ in batch)
         room, self._room = self._room, None
         if room is not None and self._room_loop is not None:
@@ -351,6 +355,38 @@ class RecordStore:
             self._last_lists.clear()
             return exc
 
+    def _write_minimal(self, conn: sqlite3.Connection, ex: Exchange, error: Exception) -> None:
+        """What can always be written of an exchange whose full record failed: its ids, times, status
+        and the failure, so that no served request goes unrecorded."""
+        reason = f"the record could not be written in full: {type(error).__name__}: {error}"
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                """INSERT OR IGNORE INTO exchanges (id, session_id, method, endpoint, path, status, streamed,
+                   started, first_byte, ended, error_class, error_message, client_disconnected)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (
+                    ex.id,
+                    _safe_text(ex.session_id),
+                    _safe_text(ex.method),
+                    ex.endpoint,
+                    _safe_text(ex.path),
+                    ex.status,
+                    ex.streamed,
+                    ex.started,
+                    ex.first_byte,
+                    ex.ended,
+                    ex.error_class or RECORD_ERROR,
+                    _safe_text(f"{ex.error_message}; {reason}" if ex.error_message else reason),
+                    ex.client_disconnected,
+                ),
+            )
+            conn.execute("COMMIT")
+        except Exception:  # boundary: the writer must go on; the failure is already logged and counted
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            log.exception("record store: not even a minimal record of exchange %s could be written", ex.id)
+
     def _write_exchange(self, conn: sqlite3.Connection, ex: Exchange) -> None:
         dialect = dialects.of_record(ex.endpoint)
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
@@ -367,32 +403,32 @@ class RecordStore:
             _INSERT_EXCHANGE,
             (
                 ex.id,
-                ex.session_id,
+                _safe_text(ex.session_id),
                 _dumps(ex.labels),
-                ex.method,
+                _safe_text(ex.method),
                 ex.endpoint,
-                ex.path,
-                ex.upstream_url,
+                _safe_text(ex.path),
+                _safe_text(ex.upstream_url),
                 ex.status,
                 ex.streamed,
                 ex.stream_complete,
                 ex.started,
                 ex.first_byte,
                 ex.ended,
-                model,
+                _safe_text(model if isinstance(model, str) else None),
                 self._pack_request(conn, dialect, ex.session_id, request, ex.request),
                 self._pack_request(conn, dialect, None, ex.sent, b"") if ex.sent is not None else None,
                 _compress_json(response) if response is not None else _compress_text(response_text),
                 zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
-                summary.finish_reason,
+                _safe_text(summary.finish_reason),
                 summary.prompt_tokens,
                 summary.completion_tokens,
                 len(summary.tool_calls),
                 budget.get("prompt_tokens"),
                 _dumps(budget) if budget else None,
                 ex.error_class,
-                ex.error_message,
-                ex.user_agent,
+                _safe_text(ex.error_message),
+                _safe_text(ex.user_agent),
                 ex.retry_count,
                 ex.client_disconnected,
             ),
@@ -403,7 +439,8 @@ class RecordStore:
     ) -> bytes | None:
         """The request as a compressed skeleton whose bulky fields are references to shared blobs."""
         if not isinstance(body, dict):
-            return _compress_json({"raw": raw.decode("utf-8", "replace")}) if raw else None
+            # Not a JSON object: its bytes, losslessly (undecodable bytes as surrogate escapes).
+            return _compress_json({"raw": raw.decode("utf-8", "surrogateescape")}) if raw else None
         rest: dict[str, Any] = {}
         refs: dict[str, Any] = {}
         for key, value in body.items():
@@ -477,11 +514,33 @@ def _response(ex: Exchange) -> tuple[dict[str, Any] | None, str | None]:
     parsed = _loads(ex.response_body)
     if isinstance(parsed, dict):
         return parsed, None
-    return None, ex.response_body[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "replace")
+    return None, ex.response_body[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "surrogateescape")
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON that UTF-8 can always encode: text as it is, unless it holds a lone surrogate (a
+    JavaScript agent cutting an emoji in half, a header byte that is not UTF-8), which is then kept as
+    its `\\uXXXX` escape: lossless, and still what `json.loads` reads back."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if text.isascii() or _encodes(text):
+        return text
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+
+
+def _safe_text(value: str | None) -> str | None:
+    """A text column's value that UTF-8 can encode: itself, or its JSON escape when it holds a lone
+    surrogate (see _dumps)."""
+    if value is None or value.isascii() or _encodes(value):
+        return value
+    return json.dumps(value)[1:-1]
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _loads(raw: bytes) -> Any:

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from modeltap.records.exchange import Exchange, SessionEvent
-from modeltap.records.store import SCHEMA_VERSION, RecordStore, StoreClosed, StoreReader, connect, migrate
+from modeltap.records.store import (
+    RECORD_ERROR,
+    SCHEMA_VERSION,
+    RecordStore,
+    StoreClosed,
+    StoreReader,
+    connect,
+    migrate,
+)
 from tests.factories import exchange
 
 WORDS = "the proxy records every turn of an agent run with its tools tokens and timing".split()
@@ -152,7 +160,11 @@ async def test_a_bad_record_costs_only_itself(tmp_path: Path, caplog: pytest.Log
     assert (store.written, store.failures) == (2, 2)
     assert "failed to write a record" in caplog.text
     with StoreReader(tmp_path / "r.db") as reader:
-        assert len(reader.exchanges("p")) == 2
+        rows = reader.exchanges("p")
+    # The two good records in full; of the bad one, what can always be written (ids, times, why).
+    by_id = {row["id"]: row for row in rows}
+    assert len(rows) == 3 and by_id[poison.id]["error_class"] == RECORD_ERROR
+    assert by_id[poison.id]["labels"] == {} and [r["error_class"] for r in rows].count(None) == 2
 
 
 async def test_a_full_queue_makes_submit_wait_until_the_writer_frees_room(
