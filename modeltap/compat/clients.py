@@ -45,6 +45,30 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return api_key or None
 
 
+# Every header a client may carry an API key in: the relay looks at each for a session token.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+
+
+def credential_values(headers: Mapping[str, str]) -> list[str]:
+    """Every credential a request carries, in the order `presented_key` prefers them: an
+    Authorization value after its scheme (any scheme: `Bearer`, `Token`, …) and as a whole, then the
+    API-key headers. Empty values are left out.
+
+    >>> credential_values({"Authorization": "Token abc", "x-api-key": "def"})
+    ['abc', 'Token abc', 'def']
+    """
+    values: list[str] = []
+    for name in CREDENTIAL_HEADERS:
+        value = (_header(headers, name) or "").strip()
+        if not value:
+            continue
+        if name == "authorization":
+            _, _, token = value.partition(" ")
+            values += [token.strip()] if token.strip() else []
+        values.append(value)
+    return values
+
+
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     value = headers.get(name)
     if value is not None:

@@ -27,6 +27,9 @@ class CountTokens(Dialect):
     def error_body(self, error: ApiError) -> dict[str, Any]:
         return anthropic_messages.DIALECT.error_body(error)
 
+    def check(self, body: dict[str, Any]) -> None:
+        anthropic_messages.DIALECT.check(body)
+
     def prompt(self, body: dict[str, Any], *, openai_typed: bool = False) -> Prompt:
         return anthropic_messages.DIALECT.prompt(body)
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -188,6 +188,20 @@ class Dialect:
         raise NotImplementedError(f"{self.name} does not answer with a token count")
 
     # -- budgets --------------------------------------------------------------------------------------
+
+    def check(self, body: dict[str, Any]) -> None:
+        """Refuse a body whose parts modeltap reads are of the wrong shape, with a ValueError that says
+        which part and what it should be (the client gets it as a 400). Only the structure modeltap
+        walks is checked; the upstream judges the rest in its own words."""
+        field = self.history_field
+        if field is None or field not in body:
+            return
+        history = body[field]
+        if not isinstance(history, list):
+            raise ValueError(f"{field} must be a list of objects, not {type(history).__name__}")
+        for index, item in enumerate(history):
+            if not isinstance(item, dict):
+                raise ValueError(f"{field}[{index}] must be an object, not {type(item).__name__}")
 
     def completion_field(self, body: Mapping[str, Any]) -> str | None:
         """The request field carrying the completion cap M (the one the client used, else the one to
@@ -367,20 +381,26 @@ def part_texts(parts: Any, kind: str) -> list[str]:
 def same_message(a: Any, b: Any) -> bool:
     """Whether two messages are the same message. Claude Code moves its `cache_control` marker to the
     newest message each turn (docs/agents.md §4.3), so an old message that lost it is still the same."""
-    return bool(a == b or without_key(a, "cache_control") == without_key(b, "cache_control"))
+    return bool(a == b or pruned(a, _not_cache_control) == pruned(b, _not_cache_control))
 
 
-def without_key(value: Any, key: str) -> Any:
-    """`value` with `key` dropped from every object in it, however deep, without recursion (a body
-    nested thousands deep must not exhaust the stack)."""
+def _not_cache_control(key: str, value: Any) -> bool:
+    return key != "cache_control"
+
+
+def pruned(value: Any, keep: Callable[[str, Any], bool]) -> Any:
+    """A copy of `value` keeping only the object members `keep(key, value)` accepts, however deep,
+    without recursion (a body nested thousands deep must not exhaust the stack). Object members come
+    out in their order."""
     root: list[Any] = [None]
-    stack: list[tuple[Any, list[Any] | dict[str, Any], Any]] = [(value, root, 0)]
+    stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
     while stack:
         item, parent, slot = stack.pop()
         if isinstance(item, dict):
-            copy: dict[str, Any] = {}
+            members = [(k, v) for k, v in item.items() if keep(k, v)]
+            copy: dict[str, Any] = dict.fromkeys(k for k, _ in members)
             parent[slot] = copy
-            stack.extend((v, copy, k) for k, v in item.items() if k != key)
+            stack.extend((v, copy, k) for k, v in members)
         elif isinstance(item, list):
             items: list[Any] = [None] * len(item)
             parent[slot] = items

@@ -90,6 +90,10 @@ class _CompletionChunks(ChoiceChunks):
         }
 
 
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
 def first_choice(choices: Any) -> dict[str, Any]:
     """The choice with index 0, else the first one listed."""
     listed = dicts_in(choices)
@@ -107,6 +111,15 @@ class Completions(Dialect):
     name = "completions"
     route = "completions"
     streams = True
+
+    def check(self, body: dict[str, Any]) -> None:
+        """`prompt` is text, token ids, or a list of either (OpenAI's four forms), nothing deeper."""
+        prompt = body.get("prompt")
+        if prompt is None or isinstance(prompt, str) or _token_ids(prompt):
+            return
+        if isinstance(prompt, list) and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+            return
+        raise ValueError("prompt must be text, a list of token ids, or a list of either")
 
     def completion_field(self, body: Any) -> str:
         return "max_tokens"

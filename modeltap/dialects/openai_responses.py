@@ -24,6 +24,7 @@ from modeltap.dialects.base import (
     chat_tool_call,
     dicts_in,
     part_texts,
+    pruned,
     text_of,
     tool_call,
 )
@@ -156,7 +157,7 @@ class Responses(Dialect):
         if isinstance(items, str):
             items = [{"role": "user", "content": items}]
         for item in items:
-            item = _without_none(item)
+            item = pruned(item, _not_none)
             content = item.get("content") if isinstance(item, dict) else None
             if isinstance(content, str):
                 messages.append({"role": item["role"], "content": content})
@@ -218,6 +219,17 @@ class Responses(Dialect):
             return as_int(usage.get("input_tokens")), as_int(usage.get("output_tokens"))
         return super().usage(reply)
 
+    def check(self, body: dict[str, Any]) -> None:
+        """`input` is text or a list of items (objects, or text)."""
+        items = body.get("input")
+        if items is None or isinstance(items, str):
+            return
+        if not isinstance(items, list):
+            raise ValueError(f"input must be text or a list of items, not {type(items).__name__}")
+        for index, item in enumerate(items):
+            if not isinstance(item, dict | str):
+                raise ValueError(f"input[{index}] must be an object or text, not {type(item).__name__}")
+
     def continued_history(self, request: dict[str, Any], previous: dict[str, Any]) -> list[Any]:
         """A request chained by `previous_response_id` sends only new input: it repeats nothing."""
         return [] if request.get("previous_response_id") else self.history(previous)
@@ -277,12 +289,8 @@ def _chat_messages(instructions: Any, items: Sequence[Any]) -> list[dict[str, An
     return out
 
 
-def _without_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_none(v) for v in value]
-    return value
+def _not_none(key: str, value: Any) -> bool:
+    return value is not None
 
 
 DIALECT = Responses()

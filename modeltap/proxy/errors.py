@@ -9,7 +9,8 @@
     ├── NotFound              404  unknown path, or an endpoint the upstream does not serve
     ├── MethodNotAllowed      405  a known endpoint called with the wrong method
     ├── ClientTooSlow         408  the request body did not arrive within the client timeout
-    ├── PayloadTooLarge       413  request body over the configured limit
+    ├── PayloadTooLarge       413  request body over the configured limit (inflated, if compressed)
+    ├── UnsupportedMediaType  415  a body encoding modeltap does not inflate (br, zstd)
     ├── NotImplemented_       501  an endpoint modeltap cannot answer in this configuration
     ├── UpstreamUnreachable   502  connection refused, reset, or a broken response before the status
     └── UpstreamTimeout       504  connect or read timeout
@@ -133,6 +134,16 @@ class PayloadTooLarge(ProxyError):
     openai_type = "invalid_request_error"
     anthropic_type = "request_too_large"
     code = "request_too_large"
+    error_class = "client_error"
+
+
+class UnsupportedMediaType(ProxyError):
+    """The request body is encoded in a way modeltap does not inflate."""
+
+    status = 415
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+    code = "unsupported_content_encoding"
     error_class = "client_error"
 
 

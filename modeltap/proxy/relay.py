@@ -17,15 +17,16 @@ import json
 import logging
 import re
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urlencode
 
 from aiohttp import HttpVersion10, hdrs, web
 from multidict import CIMultiDict
 
 from modeltap import dialects
-from modeltap.compat.clients import presented_key, retry_count
+from modeltap.compat.clients import credential_values, presented_key, retry_count
 from modeltap.compat.layouts import classify, parse_error
 from modeltap.dialects.base import Dialect
 from modeltap.dialects.sse import StreamAssembler
@@ -40,6 +41,7 @@ from modeltap.proxy.errors import (
     PayloadTooLarge,
     ProxyError,
     Unauthorized,
+    UnsupportedMediaType,
     UpstreamUnreachable,
     error_bytes,
 )
@@ -66,9 +68,19 @@ _HOP_BY_HOP = frozenset(
         hdrs.CONTENT_LENGTH,
     )
 )
-# The client's credentials; replaced by the session's upstream key, or passed through untouched when
-# no key is configured.
-_CREDENTIALS = frozenset(("authorization", "x-api-key"))
+# The client's credentials (and cookies, which may be one); replaced by the session's upstream key, or
+# passed through untouched when no key is configured.
+_CREDENTIALS = frozenset(("authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie"))
+# Headers some servers take as the path to serve, which would let a client reach a route modeltap
+# refused (an AReaL control route) behind one it allowed.
+_PATH_OVERRIDES = frozenset(("x-original-url", "x-rewrite-url"))
+# The relay forwards the body it read, decoded: the client's encoding no longer describes it.
+_BODY_FRAMING = frozenset(("content-encoding",))
+# Request body encodings modeltap inflates (off the event loop, the body limit applied to the inflated
+# size), each with its zlib window: gzip's header, or zlib's (HTTP "deflate").
+_INFLATE_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# Inflated in slices of this size, so a bomb is stopped at the limit and never held whole.
+INFLATE_SLICE_BYTES = 1024 * 1024
 # aiohttp decodes gzip and deflate on its own; asking the upstream for only these keeps every body
 # readable for the record (Claude Code asks for br and zstd too: docs/agents.md §4.3).
 UPSTREAM_ACCEPT_ENCODING = "gzip, deflate"
@@ -107,7 +119,7 @@ class _Flow:
         self.dialect: Dialect = dialects.for_error(request.path)
         self.draft = ExchangeDraft(
             method=request.method,
-            path=_recorded_path(request),
+            path=ctx.sessions.mask(_recorded_path(request)),
             user_agent=request.headers.get(hdrs.USER_AGENT),
             retry_count=retry_count(request.headers),
         )
@@ -173,7 +185,8 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
         _note_session(flow, target.session)
     else:
         draft.session_id = _session_hint(request)
-    body = await _read_body(flow) if dialect.method == "POST" else None
+    authenticated = target.session is not None or ctx.loopback_only
+    body = await _read_body(flow, authenticated) if dialect.method == "POST" else None
     if dialect.counts_prompt and ctx.budget is not None and body is not None:
         return web.json_response(await ctx.budget.count_answer(dialect, body))
     payload = draft.request if body is not None else None
@@ -193,7 +206,7 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
     reply = await _send(flow, target, route, payload)
     if isinstance(reply, web.StreamResponse):
         return reply
-    draft.upstream_url = reply.url
+    draft.upstream_url = ctx.sessions.mask(reply.url)
     draft.status = reply.response.status
     # Only the generating formats stream; anything else that claims to is relayed whole.
     if reply.response.content_type == "text/event-stream" and dialect.streams:
@@ -210,8 +223,7 @@ async def _send(
         return await target.upstream.send(
             dialect,
             request.method,
-            # As sent: the decoded form would turn an encoded `&`, `#` or CRLF into syntax.
-            request.rel_url.raw_query_string,
+            _forwarded_query(flow),
             _upstream_headers(request, target, dialect),
             payload,
             # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
@@ -243,11 +255,15 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
         if session is None:
             raise Unauthorized(_SESSION_GONE)
     else:
-        presented = presented_key(request.headers)
-        session = ctx.sessions.by_token(presented) if presented else None
-        # A closed session's token is not the client's own key: passing it upstream would leak it.
-        if session is None and presented and ctx.sessions.was_closed(presented):
-            raise Unauthorized(_SESSION_GONE)
+        session = None
+        # Every credential header is looked at, in any scheme: a session token presented beside
+        # another key, or as `Token TOKEN`, is still ours and must never go upstream as the client's.
+        for presented in credential_values(request.headers):
+            session = ctx.sessions.by_token(presented)
+            if session is not None:
+                break
+            if ctx.sessions.was_closed(presented):
+                raise Unauthorized(_SESSION_GONE)
     if session is not None:
         url = session.upstream or config.upstream
         key = session.upstream_key if session.upstream_key is not None else config.upstream_key
@@ -290,22 +306,37 @@ def _session_hint(request: web.Request) -> str:
     return ANONYMOUS_SESSION
 
 
-async def _read_body(flow: _Flow) -> dict[str, Any]:
-    """The body, read once and parsed once, kept as received for the record."""
+async def _read_body(flow: _Flow, authenticated: bool) -> dict[str, Any]:
+    """The body, read once and parsed once, kept as received (inflated) for the record. A compressed
+    body is inflated only for an `authenticated` caller (a session token, or a loopback listener), off
+    the event loop, and never past the body limit."""
     request, draft, config = flow.request, flow.draft, flow.ctx.config
     limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"the request body is {request.content_length} bytes; the limit is {limit}")
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+    if encoding not in ("identity", "") and encoding not in _INFLATE_WBITS:
+        raise UnsupportedMediaType(
+            f"Content-Encoding {encoding!r} is not accepted: send the body as it is, gzip or deflate"
+        )
+    if encoding in _INFLATE_WBITS and not authenticated:
+        raise Unauthorized(
+            "a compressed request body needs a session token (…/s/TOKEN): modeltap inflates only "
+            "what a known client sends"
+        )
     try:
         if request.content.is_eof():  # the whole body is already buffered: no wait to time
-            draft.request = await request.read()
+            raw = await request.read()
         else:
             async with asyncio.timeout(config.client_timeout_s):
-                draft.request = await request.read()
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(f"the request body is over the limit of {limit} bytes") from None
     except TimeoutError:
         raise ClientTooSlow(f"the request body did not arrive within {config.client_timeout_s:g} s") from None
+    draft.request = (
+        raw if encoding not in _INFLATE_WBITS else await asyncio.to_thread(inflate, raw, encoding, limit)
+    )
     declared = request.headers.get(hdrs.CONTENT_TYPE)
     if declared is not None and not _is_json_type(request.content_type):
         raise BadRequest(f"Content-Type must be application/json, not {declared!r}")
@@ -318,7 +349,43 @@ async def _read_body(flow: _Flow) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, not {type(body).__name__}")
     draft.request_json = body
+    try:
+        flow.dialect.check(body)
+    except ValueError as exc:
+        raise BadRequest(f"this {flow.dialect.name} request cannot be read: {exc}") from None
     return body
+
+
+def inflate(data: bytes, encoding: str, limit: int) -> bytes:
+    """`data` inflated, slice by slice, refused as soon as it passes `limit` bytes (a 2 MB gzip bomb
+    stops at the limit instead of costing gigabytes). Blocking: run it off the event loop."""
+    inflater = zlib.decompressobj(_INFLATE_WBITS[encoding])
+    out, size, pending = [], 0, data
+    try:
+        while pending and not inflater.eof:
+            piece = inflater.decompress(pending, INFLATE_SLICE_BYTES)
+            pending = inflater.unconsumed_tail
+            size += len(piece)
+            if size > limit:
+                raise PayloadTooLarge(f"the request body inflates past the limit of {limit} bytes")
+            out.append(piece)
+    except zlib.error as exc:
+        raise BadRequest(f"the request body is not valid {encoding}: {exc}") from None
+    if not inflater.eof:
+        raise BadRequest(f"the request body is not valid {encoding}: it ends before its stream does")
+    return b"".join(out)
+
+
+def _forwarded_query(flow: _Flow) -> str:
+    """The query as sent (the decoded form would turn an encoded `&`, `#` or CRLF into syntax), less
+    any parameter carrying a known session token: a token never goes upstream, wherever it was put."""
+    query = flow.request.rel_url.raw_query_string
+    if not query or flow.ctx.sessions.mask(query) == query:
+        return query
+    kept = [
+        (k, v) for k, v in parse_qsl(query, keep_blank_values=True) if flow.ctx.sessions.mask(k + v) == k + v
+    ]
+    return urlencode(kept)
 
 
 def _is_json_type(content_type: str) -> bool:
@@ -326,13 +393,18 @@ def _is_json_type(content_type: str) -> bool:
 
 
 def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) -> CIMultiDict[str]:
-    """The client's headers less hop-by-hop ones, with the upstream's credentials."""
+    """The client's headers less hop-by-hop ones (those `Connection` names too, RFC 9110 §7.6.1), path
+    overrides and the body's encoding, with the upstream's credentials."""
+    named = {
+        token.strip().lower()
+        for token in request.headers.getall(hdrs.CONNECTION, ())
+        for token in token.split(",")
+    }
+    dropped = _HOP_BY_HOP | _PATH_OVERRIDES | _BODY_FRAMING | named | {"accept-encoding"}
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
         lower = name.lower()
-        if lower in _HOP_BY_HOP or lower == "accept-encoding":
-            continue
-        if lower in _CREDENTIALS and not target.pass_client_credentials:
+        if lower in dropped or (lower in _CREDENTIALS and not target.pass_client_credentials):
             continue
         out.add(name, value)
     out[hdrs.ACCEPT_ENCODING] = UPSTREAM_ACCEPT_ENCODING

@@ -16,14 +16,12 @@ import asyncio
 import contextlib
 import enum
 import logging
-import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
-from modeltap.proxy import admin, network, observers, relay
+from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
@@ -48,27 +46,6 @@ BaseUrls = Callable[[], tuple[str, str | None]]
 # Every path, a percent-encoded newline included (`.*` stops at one, and aiohttp would answer such a
 # path with its own plain-text 404, in no client's shape and unrecorded).
 _EVERY_PATH = r"/{tail:[\s\S]*}"
-# aiohttp's own log of the connections it serves. It is not aiohttp.server, because that one echoes the
-# bytes of a request it cannot parse, which may hold a session token (`/s/TOKEN`, a Bearer header).
-_HTTP_LOG = logging.getLogger("modeltap.proxy.http")
-# Where aiohttp's parse error messages start quoting the request's bytes: a repr after a space (the
-# quote in "can't" is not one).
-_ECHO = re.compile(r"\s+b?['\"].*")
-
-
-class _DropRequestEcho(logging.Filter):
-    """Logs an unparsable request with the parser's reason but none of the request's bytes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            reason = _ECHO.sub("", (exc.message or "").partition("\n")[0]).rstrip(":")
-            record.msg = f"{record.getMessage()}: {type(exc).__name__} {exc.code}: {reason}"
-            record.args, record.exc_info, record.exc_text = (), None, None
-        return True
-
-
-_HTTP_LOG.addFilter(_DropRequestEcho())
 
 
 def build_app(
@@ -215,15 +192,10 @@ class Proxy:
         self._state = _State.RUNNING
         async with contextlib.AsyncExitStack() as stack:
             self._app = build_app(self.config, self._base_urls, self._observers)
-            runner = web.AppRunner(
+            runner = listener.runner_for(
                 self._app,
-                handler_cancellation=True,
-                access_log=None,
-                shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-                # aiohttp arms this timer when a connection opens, so a client that never completes its
-                # headers (slowloris) is dropped after it too, not only an idle keep-alive connection.
-                keepalive_timeout=self.config.client_timeout_s,
-                logger=_HTTP_LOG,
+                keepalive_timeout_s=self.config.client_timeout_s,
+                shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
             )
             await runner.setup()
             stack.push_async_callback(runner.cleanup)

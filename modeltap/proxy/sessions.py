@@ -11,6 +11,7 @@ The token is never logged, stored or sent upstream; records carry the session id
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -19,11 +20,14 @@ from dataclasses import dataclass, field
 
 # 32 random bytes: 256 bits, URL-safe, 43 characters; 128 bits would already be beyond guessing.
 TOKEN_BYTES = 32
+TOKEN_CHARS = 43
 # Tokens of closed sessions are remembered, so that one presented later as an API key gets a closed
 # session's 401 instead of passing upstream as if it were the client's own key. At ~170 bytes each
 # (measured with tracemalloc) this bounds the memory to ~11 MB; a token older than that many closes
 # falls back to the anonymous rules.
 CLOSED_TOKENS_MAX = 65536
+# A run of the characters a token is made of, long enough to be one: what `mask` looks up.
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9_-]{16,}")
 
 
 @dataclass(slots=True)
@@ -119,6 +123,17 @@ class SessionRegistry:
         session.last_used = now
         return session
 
+    def is_known(self, token: str) -> bool:
+        """Whether `token` is the token of a session open now or closed before."""
+        return token in self._by_token or token in self._closed_tokens
+
+    def mask(self, text: str) -> str:
+        """`text` with every known token in it (open or closed, wherever it stands: a path, a query, a
+        near-miss like `/s/TOKEN./`) replaced by `…`."""
+        if not self._by_token and not self._closed_tokens:
+            return text
+        return _TOKEN_RUN.sub(lambda m: _masked_run(m.group(), self.is_known), text)
+
     def was_closed(self, token: str) -> bool:
         """Whether `token` was the token of a session that has since closed or expired."""
         return token in self._closed_tokens
@@ -141,3 +156,15 @@ class SessionRegistry:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+
+def _masked_run(run: str, known: Callable[[str], bool]) -> str:
+    """A run of token characters with any known token inside it masked (a token may be glued to more
+    such characters, as in `TOKEN-x`)."""
+    if known(run):
+        return "…"
+    size = TOKEN_CHARS
+    for start in range(len(run) - size + 1):
+        if known(run[start : start + size]):
+            return run[:start] + "…" + _masked_run(run[start + size :], known)
+    return run

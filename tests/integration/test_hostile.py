@@ -33,8 +33,8 @@ from tests.integration.test_proxy_sdks import ASK
 from tests.integration.test_proxy_sessions import proxy_log
 from tests.standins.areal import ArealSession, ArealStandIn
 
-CHAT: dict[str, Any] = {"model": "policy", "messages": ASK}
-MESSAGES: dict[str, Any] = {"model": "claude-x", "max_tokens": 64, "messages": ASK}
+CHAT: dict[str, Any] = {"model": "policy", "messages": [ASK]}
+MESSAGES: dict[str, Any] = {"model": "claude-x", "max_tokens": 64, "messages": [ASK]}
 # Short, so that the slow-client tests take seconds; the default is 60 s.
 CLIENT_TIMEOUT_S = 1.0
 # How late past a timeout a drop may come on a loaded 2-core machine before it counts as not dropped.

@@ -36,8 +36,8 @@ from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
 
 ADMIN_KEY = "admin-key-for-tests"
-CHAT: dict[str, Any] = {"model": "policy", "messages": ASK}
-MESSAGES: dict[str, Any] = {"model": "claude-x", "max_tokens": 64, "messages": ASK}
+CHAT: dict[str, Any] = {"model": "policy", "messages": [ASK]}
+MESSAGES: dict[str, Any] = {"model": "claude-x", "max_tokens": 64, "messages": [ASK]}
 SESSIONS_PATH = "/_modeltap/sessions"
 # Long enough that a request right after opening is never late on a loaded machine.
 TTL_S = 1.0
@@ -448,7 +448,7 @@ async def test_a_session_without_any_key_sends_no_credentials_upstream(
             for via in ("path", "key"):
                 oa, an = clients(proxy, session, via)
                 async with oa, an:
-                    await oa.chat.completions.create(model=vllm.config.model, messages=ASK)
+                    await oa.chat.completions.create(model=vllm.config.model, messages=[ASK])
         assert len(vllm.requests) == 2
         for sent in vllm.requests:
             assert "Authorization" not in sent.headers and "x-api-key" not in sent.headers

@@ -21,6 +21,7 @@ TREE = [
     (errors.MethodNotAllowed, 405, "client_error"),
     (errors.ClientTooSlow, 408, "client_error"),
     (errors.PayloadTooLarge, 413, "client_error"),
+    (errors.UnsupportedMediaType, 415, "client_error"),
     (errors.NotImplemented_, 501, "proxy_error"),
     (errors.UpstreamUnreachable, 502, "upstream_error"),
     (errors.UpstreamTimeout, 504, "upstream_error"),
