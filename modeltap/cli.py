@@ -61,8 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `modeltap` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
-    # modeltap uses transformers for tokenizers only; its "PyTorch was not found" advice is noise here.
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
