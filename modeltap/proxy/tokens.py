@@ -1,12 +1,13 @@
 """Exact prompt counting: how many tokens the served model sees for a request body.
 
-Owns: the counter a budget asks (TokenCounter), what it loads from a tokenizer folder and which
-encoder it trusts (LoadedTokenizer), the loaded tokenizers a process shares (SHARED), finding a
-model name in the local Hugging Face cache, and the sampled full verification that switches the fast
-paths off. Does not own: what a format's prompt is (modeltap.dialects), the backend's normalisation
-(compat/prompts.py), rendering (chat_template.py), the windows (append_stability.py), the pieces
-(segments.py), the vocabulary (bpe.py), the limits (budget.py), nor running off the event loop
-(budget.py calls `count` through `asyncio.to_thread`). No transformers: it is the tests' oracle only.
+Owns: the counter a budget asks (TokenCounter): turning a request into the prompt the backend renders,
+choosing between extending a counted conversation and a full render, and the sampled full
+verification that switches the fast paths off. Does not own: what a format's prompt is
+(modeltap.dialects), the backend's normalisation (compat/prompts.py), what is loaded from a tokenizer
+folder and shared per process (loaded_tokenizer.py), rendering (chat_template.py), the windows
+(append_stability.py), the pieces (segments.py), the cached conversations (conversations.py), the
+limits (budget.py), nor running off the event loop (budget.py calls `count` through
+`asyncio.to_thread`). No transformers: it is the tests' oracle only.
 
 How a count is made (docs/token-budgets.md §5):
 1. the prompt is normalised the way the backend does it (compat/prompts.py);
@@ -26,25 +27,18 @@ How a count is made (docs/token-budgets.md §5):
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import jinja2
 
 from modeltap.compat.prompts import normalise_message
 from modeltap.dialects.base import Dialect, TextPrompt
-from modeltap.proxy import bpe
 from modeltap.proxy.append_stability import (
     HEAD_MAX,
     RENDER_ERRORS,
-    AppendStability,
     Shape,
     context,
     generation_prompt,
@@ -52,14 +46,9 @@ from modeltap.proxy.append_stability import (
     render_delta,
     shape,
 )
-from modeltap.proxy.chat_template import (
-    APPLY_CHAT_TEMPLATE_PARAMETERS,
-    TOKENIZER_FILE,
-    ChatTemplate,
-    TokenizerFiles,
-)
+from modeltap.proxy.chat_template import APPLY_CHAT_TEMPLATE_PARAMETERS
 from modeltap.proxy.conversations import Conversation, ConversationCache
-from modeltap.proxy.segments import Segments
+from modeltap.proxy.loaded_tokenizer import SEGMENT_CACHE_MAX_CHARS, SHARED, LoadedTokenizer, resolve
 
 log = logging.getLogger(__name__)
 
@@ -70,23 +59,12 @@ log = logging.getLogger(__name__)
 VERIFY_FIRST_REQUESTS = 16
 VERIFY_EVERY_REQUESTS = 128
 
-# Piece counts kept, by the pieces' characters: the openings many conversations share (system prompt,
-# tools) and each conversation's last pieces. 4M characters is ~4 MB of ASCII.
-SEGMENT_CACHE_MAX_CHARS = 4_000_000
 # Conversations kept for their next turn, by rendered characters (each keeps its request's messages
 # alive, about as large): 64 parallel agent sessions of 30k tokens, at ~4 characters a token.
 CONVERSATIONS_MAX_CHARS = 8_000_000
-# Loaded tokenizers a process keeps for reuse: a process serves one model per upstream, and tests load
-# a handful of folders. A dropped one lives on in the counters that hold it.
-SHARED_TOKENIZERS_MAX = 4
 
 # Template kwargs a request may not set: apply_chat_template would consume them, not pass them on.
 _RESERVED_TEMPLATE_KWARGS = APPLY_CHAT_TEMPLATE_PARAMETERS | {"tools", "documents", "add_generation_prompt"}
-# Where the Hugging Face hub keeps downloaded models, by precedence
-# (https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables), and its layout
-# (https://huggingface.co/docs/huggingface_hub/guides/manage-cache): models--ORG--NAME/refs/main holds
-# the commit whose files are in snapshots/COMMIT/.
-_HUB_CACHE_ENV = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
 
 
 class CountError(ValueError):
@@ -113,96 +91,6 @@ class CounterStats:
     incremental: bool
     cached_chars: int
     conversations: int
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class LoadedTokenizer:
-    """A tokenizer folder loaded for counting: the chat template, the pieces' encoder and cache, and
-    the one-time proofs of its windows. Shared by every counter of the process on that folder."""
-
-    folder: Path
-    template: ChatTemplate
-    encoder: str
-    # None where pieces between added tokens do not encode as in the whole text.
-    segments: Segments | None
-    stability: AppendStability
-    # Tokens the post-processor adds to a completions prompt (BOS).
-    special_tokens_added: int
-    reference_count: Callable[[str], int]
-    string_content: Mapping[str, bool]
-
-    @classmethod
-    def load(cls, folder: Path, cache_max_chars: int = SEGMENT_CACHE_MAX_CHARS) -> LoadedTokenizer:
-        """Load a tokenizer folder. Raises ValueError naming the fix when it has no usable tokenizer."""
-        try:
-            light = TokenizerFiles.load(folder, vocabulary=False)
-        except ValueError:
-            # A model with no vocabulary cannot be built empty (WordPiece wants its unknown token):
-            # loading it whole says what, if anything, is wrong with the folder.
-            light = TokenizerFiles.load(folder)
-        pipeline = json.loads(light.tokenizer.to_str())  # small for BPE: no vocabulary
-        splittable = _segments_are_exact(pipeline, light)
-        added = [token.content for token in light.added_tokens.values()]
-        fast = bpe.exact_tiktoken(folder / TOKENIZER_FILE, light.tokenizer, added) if splittable else None
-        files = light if fast is not None else TokenizerFiles.load(folder)
-        backend = files.tokenizer
-
-        def piece(text: str) -> list[int]:
-            return backend.encode(text, add_special_tokens=False).ids
-
-        segments = Segments(added, fast or piece, cache_max_chars) if splittable else None
-        if fast is not None and segments is not None:
-            reference = segments.encode_count
-        else:
-            reference = functools.partial(_encoded_length, backend)
-        names = files.template.templates
-        return cls(
-            folder=folder,
-            template=files.template,
-            encoder="tiktoken" if fast is not None else "tokenizers",
-            segments=segments,
-            stability=AppendStability(files.template),
-            special_tokens_added=backend.num_special_tokens_to_add(False),
-            reference_count=reference,
-            string_content={name: _template_wants_string_content(source) for name, source in names.items()},
-        )
-
-
-class SharedTokenizers:
-    """The loaded tokenizers of one process, by resolved folder and load options.
-
-    One per process (`SHARED`, owned by this module): the proxies of one process (the adapter's
-    per-process proxy, tests) load a folder once. Bounded at SHARED_TOKENIZERS_MAX, the least
-    recently used dropped first; a changed tokenizer.json or tokenizer_config.json is loaded anew.
-    Thread-safe: loads run one at a time.
-    """
-
-    def __init__(self, max_entries: int) -> None:
-        self._max_entries = max_entries
-        self._loaded: OrderedDict[tuple[Any, ...], LoadedTokenizer] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, folder: Path, cache_max_chars: int) -> LoadedTokenizer:
-        """The folder loaded, from this process's cache when it is there."""
-        key = (folder, cache_max_chars, *(_signature(folder / name) for name in _SIGNED_FILES))
-        with self._lock:
-            loaded = self._loaded.get(key)
-            if loaded is None:
-                loaded = LoadedTokenizer.load(folder, cache_max_chars)
-                self._loaded[key] = loaded
-                while len(self._loaded) > self._max_entries:
-                    self._loaded.popitem(last=False)
-            self._loaded.move_to_end(key)
-            return loaded
-
-    def clear(self) -> None:
-        """Forget every loaded tokenizer (counters keep theirs)."""
-        with self._lock:
-            self._loaded.clear()
-
-
-SHARED = SharedTokenizers(SHARED_TOKENIZERS_MAX)
-_SIGNED_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "chat_template.jinja")
 
 
 class TokenCounter:
@@ -509,105 +397,3 @@ class TokenCounter:
                 answer,
                 truth_text,
             )
-
-
-def resolve(path_or_name: str | os.PathLike[str]) -> Path:
-    """A tokenizer folder: `path_or_name` itself, or the snapshot of that model name in the local
-    Hugging Face hub cache. Raises ValueError when neither exists (modeltap never downloads)."""
-    path = Path(path_or_name).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    name = str(path_or_name)
-    snapshot = _hub_snapshot(name) if name.count("/") == 1 and not path.is_absolute() else None
-    if snapshot is not None:
-        return snapshot
-    raise ValueError(
-        f"no tokenizer at {name!r}: give a local folder with tokenizer.json and tokenizer_config.json, "
-        "or a name already in the local Hugging Face cache (modeltap never downloads one)"
-    )
-
-
-def _hub_snapshot(name: str) -> Path | None:
-    """The folder of `name`'s main revision in the hub cache, else its newest snapshot with a
-    tokenizer.json."""
-    repo = _hub_cache() / ("models--" + name.replace("/", "--"))
-    main = repo / "refs" / "main"
-    if main.is_file():
-        snapshot = repo / "snapshots" / main.read_text().strip()
-        if (snapshot / TOKENIZER_FILE).is_file():
-            return snapshot.resolve()
-    found = [p for p in (repo / "snapshots").glob("*") if (p / TOKENIZER_FILE).is_file()]
-    return max(found, key=lambda p: p.stat().st_mtime).resolve() if found else None
-
-
-def _hub_cache() -> Path:
-    for variable in _HUB_CACHE_ENV:
-        if os.environ.get(variable):
-            return Path(os.environ[variable]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(cache).expanduser() / "huggingface" / "hub"
-
-
-def _signature(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_mtime_ns, stat.st_size
-
-
-def _encoded_length(backend: Any, text: str) -> int:
-    return len(backend.encode(text, add_special_tokens=False).ids)
-
-
-def _template_wants_string_content(template: str) -> bool:
-    """Whether the template expects string content rather than a list of parts: SGLang's detection
-    (sglang/srt/parser/jinja_template_utils.py), which vLLM's also follows. A template naming media,
-    or looping over `message.content` (or `msg.content`, `m.content`), takes parts."""
-    if any(word in template for word in ("image", "audio", "video", "vision")):
-        return False
-    try:
-        ast = jinja2.Environment().parse(template)
-    except jinja2.TemplateSyntaxError:
-        return True
-    for loop in ast.find_all(jinja2.nodes.For):
-        node: jinja2.nodes.Node | None = loop.iter
-        while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) or (
-            isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
-        ):
-            node = node.node
-        if _is_content_of_message(node):
-            return False
-    return True
-
-
-def _is_content_of_message(node: jinja2.nodes.Node | None) -> bool:
-    if isinstance(node, jinja2.nodes.Getattr):
-        owner, key = node.node, node.attr
-    elif isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
-        owner, key = node.node, node.arg.value
-    else:
-        return False
-    return key == "content" and isinstance(owner, jinja2.nodes.Name) and owner.name in ("message", "msg", "m")
-
-
-def _segments_are_exact(pipeline: dict[str, Any], files: TokenizerFiles) -> bool:
-    """Whether counting the pieces between added tokens separately gives the whole text's count.
-
-    `tokenizers` splits at added tokens first and then normalises and pre-tokenizes each piece on its
-    own, so this holds unless an added token strips whitespace from its neighbours, is only matched
-    after normalisation, or a step depends on where a piece sits in the whole text (Metaspace's
-    "first" prefix, a Prepend normaliser); and not where `split_special_tokens` encodes special
-    tokens as text. The conditions SGLang's segment encoder checks (docs/token-budgets.md §5.4).
-    """
-    if files.tokenizer.encode_special_tokens:
-        return False
-    for token in files.added_tokens.values():
-        if token.lstrip or token.rstrip or token.single_word:
-            return False
-        if token.normalized and pipeline.get("normalizer") is not None:
-            return False
-    text = json.dumps([pipeline.get("normalizer"), pipeline.get("pre_tokenizer")])
-    return '"Metaspace"' not in text and '"Prepend"' not in text

@@ -30,8 +30,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from modeltap import dialects
 from modeltap.dialects.base import Dialect
 from modeltap.proxy import bpe
+from modeltap.proxy.loaded_tokenizer import SharedTokenizers
 from modeltap.proxy.segments import Segments
-from modeltap.proxy.tokens import CountError, SharedTokenizers, TokenCounter
+from modeltap.proxy.tokens import CountError, TokenCounter
 
 # Hypothesis budgets: enough generated conversations to cover tools, tool calls, unicode, code and
 # growth, few enough that the file runs in well under a minute on two shared cores.
