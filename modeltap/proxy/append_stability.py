@@ -17,9 +17,8 @@ conversations in full and windowed (`AppendStability`); the same renders then ch
 longer conversations, and a template that fails them is counted by full render. A dependence no
 synthetic conversation shows is what the counter's sampled full verification is for.
 
-    stability = AppendStability(template)
-    rewritten = stability.rewritten_shapes(kwargs, tools)   # None: never count this template by windows
-    added = render_delta(template, context, new, tools, kwargs)  # None: not a prefix, render in full
+    windows = AppendStability(template).windows(kwargs, tools)   # None: never count this template by windows
+    added = render_delta(template, context, new, tools, kwargs, windows.prompt)  # None: render in full
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jinja2
@@ -90,14 +90,25 @@ def render_delta(
     new: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     kwargs: Mapping[str, Any],
+    prompt: str | None = None,
 ) -> Delta | None:
     """What `new` adds after the window `before`, or None when the render of `before` is not a prefix
-    of the render with `new` (the template rewrites something) or a render fails."""
+    of the render with `new` (the template rewrites something) or a render fails.
+
+    With `prompt`, the generation prompt proven the same after every conversation (`Windows`), the
+    render of `before` and the prompted render with `new` suffice; else a third render, without the
+    generation prompt, tells where it starts."""
+    everything = [*before, *new]
+    cuts = [(len(before), False), (len(everything), False), (len(everything), True)]
+    if prompt is not None:
+        del cuts[1]
     try:
-        earlier = template.render(before, tools=tools, add_generation_prompt=False, **kwargs)
-        later = template.render([*before, *new], tools=tools, add_generation_prompt=False, **kwargs)
-        prompted = template.render([*before, *new], tools=tools, add_generation_prompt=True, **kwargs)
+        renders = template.render_prefixes(everything, cuts, tools=tools, **kwargs)
     except RENDER_ERRORS:
+        return None
+    earlier, prompted = renders[0], renders[-1]
+    later = renders[1] if prompt is None else prompted[: len(prompted) - len(prompt)]
+    if prompt is not None and not prompted.endswith(prompt):
         return None
     if not later.startswith(earlier) or not prompted.startswith(later):
         return None
@@ -111,30 +122,38 @@ def generation_prompt(
     kwargs: Mapping[str, Any],
 ) -> str | None:
     """What `add_generation_prompt` adds after the window, or None when it changes what comes before."""
+    cuts = [(len(window), False), (len(window), True)]
     try:
-        bare = template.render(window, tools=tools, add_generation_prompt=False, **kwargs)
-        prompted = template.render(window, tools=tools, add_generation_prompt=True, **kwargs)
+        bare, prompted = template.render_prefixes(window, cuts, tools=tools, **kwargs)
     except RENDER_ERRORS:
         return None
     return prompted[len(bare) :] if prompted.startswith(bare) else None
 
 
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """How one template is counted by windows, for one template-kwargs set and kind of tool list:
+    the shapes of earlier messages every window keeps (the template rewrites them when more messages
+    follow), and the generation prompt when it is the same after every conversation (then a window
+    takes two renders, not three)."""
+
+    rewritten: frozenset[Shape]
+    prompt: str | None
+
+
 class AppendStability:
     """The one-time proof, per template kwargs and kind of tool list, of how a template can be
-    counted by windows: the message shapes it rewrites when more messages follow (kept in every
-    window), or None when windows do not reproduce its full renders. Thread-safe; computed on first
-    use of each key and kept (at most PROOFS_MAX keys; beyond, windows are not used)."""
+    counted by windows (`Windows`), or None when windows do not reproduce its full renders.
+    Thread-safe; computed on first use of each key and kept (at most PROOFS_MAX keys; beyond,
+    windows are not used)."""
 
     def __init__(self, template: ChatTemplate) -> None:
         self._template = template
-        self._proofs: dict[tuple[str, str], frozenset[Shape] | None] = {}
+        self._proofs: dict[tuple[str, str], Windows | None] = {}
         self._lock = threading.Lock()
 
-    def rewritten_shapes(
-        self, kwargs: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None
-    ) -> frozenset[Shape] | None:
-        """The shapes of earlier messages a window must keep for these kwargs and tools, or None:
-        count by full render."""
+    def windows(self, kwargs: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> Windows | None:
+        """How to count by windows with these kwargs and tools, or None: count by full render."""
         kind = "none" if tools is None else "some" if tools else "empty"
         key = (json.dumps(kwargs, sort_keys=True, default=repr), kind)
         with self._lock:
@@ -143,10 +162,10 @@ class AppendStability:
             if len(self._proofs) >= PROOFS_MAX:
                 return None
         proof = _Proof(self._template, kwargs, None if tools is None else _SYNTHETIC_TOOLS[: len(tools)])
-        shapes = proof.rewritten_shapes()
+        windows = proof.windows()
         with self._lock:
-            self._proofs[key] = shapes
-        return shapes
+            self._proofs[key] = windows
+        return windows
 
 
 class _Proof:
@@ -156,8 +175,10 @@ class _Proof:
         self, template: ChatTemplate, kwargs: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None
     ) -> None:
         self._template, self._kwargs, self._tools = template, kwargs, tools
+        # Full renders by the synthetic messages they hold (alive for the proof, so ids are stable).
+        self._renders: dict[tuple[tuple[int, ...], bool], str | None] = {}
 
-    def rewritten_shapes(self) -> frozenset[Shape] | None:
+    def windows(self) -> Windows | None:
         rewritten = frozenset(
             shape(message)
             for message in _CATALOGUE
@@ -165,27 +186,35 @@ class _Proof:
         )
         if rewritten >= {shape(message) for message in _CATALOGUE}:
             return None  # every message would be in every window: a full render is cheaper
-        if all(self._windows_agree(conversation, rewritten) for conversation in _CONVERSATIONS):
-            return rewritten
+        shown = [self._prompt_of(conversation[:n]) for conversation in _CONVERSATIONS for n in range(1, 20)]
+        prompts = {prompt for rendered, prompt in shown if rendered}
+        constant = prompts.pop() if len(prompts) == 1 else None
+        for prompt in dict.fromkeys([constant, None]):
+            candidate = Windows(rewritten, prompt)
+            if all(self._windows_agree(conversation, candidate) for conversation in _CONVERSATIONS):
+                return candidate
         return None
 
-    def _windows_agree(self, conversation: list[dict[str, Any]], rewritten: frozenset[Shape]) -> bool:
+    def _windows_agree(self, conversation: list[dict[str, Any]], windows: Windows) -> bool:
         """Every split of `conversation` into a history and one to three new messages, and every
         history's generation prompt, comes out of its window as out of the full render."""
         head = head_length(conversation)
-        kept = [i for i in range(head, len(conversation)) if shape(conversation[i]) in rewritten]
+        kept = [i for i in range(head, len(conversation)) if shape(conversation[i]) in windows.rewritten]
         for length in range(head, len(conversation) + 1):
             window = [conversation[i] for i in context(length, head, kept)]
-            claimed = generation_prompt(self._template, window, self._tools, self._kwargs)
-            bare, prompted = self._full(conversation[:length], False), self._full(conversation[:length], True)
-            if claimed is not None and bare is not None and prompted is not None:
-                if not prompted.startswith(bare) or claimed != prompted[len(bare) :]:
-                    return False
+            claimed = windows.prompt
+            if claimed is None:
+                claimed = generation_prompt(self._template, window, self._tools, self._kwargs)
+            rendered, truth = self._prompt_of(conversation[:length])
+            if claimed is not None and rendered and claimed != truth:
+                return False
             for added in (1, 2, 3):
                 if length + added > len(conversation):
                     break
                 new = conversation[length : length + added]
-                if not self._agrees(conversation[:head], conversation[head:length], new, kept):
+                if not self._agrees(
+                    conversation[:head], conversation[head:length], new, kept, windows.prompt
+                ):
                     return False
         return True
 
@@ -195,11 +224,12 @@ class _Proof:
         middle: Sequence[dict[str, Any]],
         new: Sequence[dict[str, Any]],
         kept: Sequence[int],
+        prompt: str | None = None,
     ) -> bool:
         """Whether the window's delta is the full renders' whenever the window claims one."""
         history = [*head, *middle]
         window = [history[i] for i in context(len(history), len(head), kept)]
-        claimed = render_delta(self._template, window, new, self._tools, self._kwargs)
+        claimed = render_delta(self._template, window, new, self._tools, self._kwargs, prompt)
         earlier = self._full(history, False)
         if claimed is None or earlier is None:
             return True  # the counter renders in full, or never had this history to extend
@@ -209,13 +239,24 @@ class _Proof:
         truth = Delta(later[len(earlier) :], prompted[len(later) :])
         return later.startswith(earlier) and prompted.startswith(later) and claimed == truth
 
+    def _prompt_of(self, messages: Sequence[dict[str, Any]]) -> tuple[bool, str | None]:
+        """(whether transformers renders `messages`, the generation prompt its renders show: None
+        where the prompted render changes what comes before it)."""
+        bare, prompted = self._full(messages, False), self._full(messages, True)
+        if bare is None or prompted is None:
+            return False, None
+        return True, prompted[len(bare) :] if prompted.startswith(bare) else None
+
     def _full(self, messages: Sequence[dict[str, Any]], prompt: bool) -> str | None:
-        try:
-            return self._template.render(
-                messages, tools=self._tools, add_generation_prompt=prompt, **self._kwargs
-            )
-        except RENDER_ERRORS:
-            return None
+        key = (tuple(map(id, messages)), prompt)
+        if key not in self._renders:
+            try:
+                self._renders[key] = self._template.render(
+                    messages, tools=self._tools, add_generation_prompt=prompt, **self._kwargs
+                )
+            except RENDER_ERRORS:
+                self._renders[key] = None
+        return self._renders[key]
 
 
 # --- the synthetic conversations -----------------------------------------------------------------

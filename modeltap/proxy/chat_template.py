@@ -165,6 +165,22 @@ class ChatTemplate:
         dict), TypeError (a message or document that is not a mapping, a kwarg transformers consumes
         itself), or jinja2.TemplateError (the template refused the conversation: `raise_exception`).
         """
+        cut = (len(messages), add_generation_prompt)
+        return self.render_prefixes(messages, [cut], tools=tools, documents=documents, **template_kwargs)[0]
+
+    def render_prefixes(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        cuts: Sequence[tuple[int, bool]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[str]:
+        """`render(messages[:length], add_generation_prompt=prompt, ...)` for each (length, prompt) of
+        `cuts`, converting the inputs once: what comparing the renders of one growing conversation
+        costs without copying its tools for each. Raises as `render` does (ValueError for an empty
+        prefix)."""
         consumed = APPLY_CHAT_TEMPLATE_PARAMETERS.intersection(template_kwargs)
         if consumed:
             raise TypeError(
@@ -172,14 +188,21 @@ class ChatTemplate:
             )
         template = self._compiled[self.name_for(tools)]
         chat = _conversation(messages)
-        context = _template_data({**self._special_tokens, **template_kwargs})
-        return template.render(
-            messages=chat,
-            tools=_tool_schemas(tools),
-            documents=_documents(documents),
-            add_generation_prompt=add_generation_prompt,
-            **context,
-        )
+        schemas, context = _tool_schemas(tools), _template_data({**self._special_tokens, **template_kwargs})
+        renders = []
+        for length, prompt in cuts:
+            _refuse_empty(chat[:length])
+            # The sandbox lets no template change a list or dict, so the renders share the copies.
+            renders.append(
+                template.render(
+                    messages=chat[:length],
+                    tools=schemas,
+                    documents=_documents(documents),
+                    add_generation_prompt=prompt,
+                    **context,
+                )
+            )
+        return renders
 
     def name_for(self, tools: Sequence[Mapping[str, Any]] | None) -> str:
         """The name of the template `render` uses with these tools. Raises ValueError where none is
@@ -336,8 +359,7 @@ def _compile(name: str, source: str) -> jinja2.Template:
 def _conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[Any, Any]]:
     """The messages as plain data, without None-valued keys, with the reasoning aliases filled in
     (`_normalize_chat_messages`, then `_plain_template_data` and `_alias_reasoning_fields`)."""
-    if len(messages) == 0:
-        raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+    _refuse_empty(messages)
     chat = []
     for message in messages:
         data = _template_data(message)
@@ -348,6 +370,11 @@ def _conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[Any, Any]]
         # Clients send `content: null` or `tool_calls: null`; templates handle a missing key instead.
         chat.append(_with_reasoning_aliases({key: value for key, value in data.items() if value is not None}))
     return chat
+
+
+def _refuse_empty(messages: Sequence[Any]) -> None:
+    if len(messages) == 0:
+        raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
 
 
 def _with_reasoning_aliases(message: dict[Any, Any]) -> dict[Any, Any]:
@@ -379,8 +406,14 @@ def _documents(documents: Sequence[Mapping[str, Any]] | None) -> Any:
 def _template_data(value: Any) -> Any:
     """`value` rebuilt from plain JSON types, as transformers' `_plain_template_data` does: the sandbox
     does not know which methods of a rich object are dangerous, so templates never see one."""
-    if value is None or type(value) in _JSON_SCALAR_TYPES:
+    kind = type(value)
+    if value is None or kind in _JSON_SCALAR_TYPES:
         return value
+    # JSON's own containers first, by exact type: the ABC checks below cost more than the copy.
+    if kind is dict:
+        return {_template_data(key): _template_data(item) for key, item in value.items()}
+    if kind is list:
+        return [_template_data(item) for item in value]
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):

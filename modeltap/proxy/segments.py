@@ -51,9 +51,9 @@ class Segments:
     def count(self, text: str) -> int:
         """Tokens in `text`: its added tokens and the cached or encoded count of each piece between."""
         if self._pattern is None:
-            return self._piece(text)
+            return sum(self._counts([text]))
         pieces = self._pattern.split(text)
-        return len(pieces) // 2 + sum(self._piece(piece) for piece in pieces[::2] if piece)
+        return len(pieces) // 2 + sum(self._counts([piece for piece in pieces[::2] if piece]))
 
     def count_resumable(self, text: str, stable: int) -> tuple[int, int, int]:
         """(tokens in `text`, a cut, tokens in `text[:cut]`), where `text[:stable]` is what later texts
@@ -67,18 +67,18 @@ class Segments:
         """
         if self._pattern is None:
             return self.count(text), 0, 0
+        pieces = self._pattern.split(text)
+        counts = iter(self._counts([piece for piece in pieces[::2] if piece]))
         limit = stable - self._longest
         total = cut = before = pos = 0
-        for match in self._pattern.finditer(text):
-            start, end = match.span()
-            if start > pos:
-                total += self._piece(text[pos:start])
-            total += 1
-            pos = end
-            if start <= limit:
-                cut, before = end, total
-        if pos < len(text):
-            total += self._piece(text[pos:])
+        for index, piece in enumerate(pieces):
+            if index % 2 == 0:  # text between added tokens
+                total += next(counts) if piece else 0
+            else:  # an added token, starting at pos
+                total += 1
+                if pos <= limit:
+                    cut, before = pos + len(piece), total
+            pos += len(piece)
         return total, cut, before
 
     def encode_count(self, text: str) -> int:
@@ -94,22 +94,33 @@ class Segments:
             self._cache.clear()
             self._cached_chars = 0
 
-    def _piece(self, piece: str) -> int:
+    def _counts(self, pieces: list[str]) -> list[int]:
+        """Each piece's count: the cached ones, then the rest encoded (outside the lock) and cached."""
         with self._lock:
-            cached = self._cache.get(piece)
-            if cached is not None:
-                self._cache.move_to_end(piece)
-                self.hits += 1
-                return cached
-            self.misses += 1
-        count = len(self._encode(piece))
-        if len(piece) > self._cache_max_chars:
-            return count
+            counts = [self._cache.get(piece) for piece in pieces]
+            for piece, count in zip(pieces, counts, strict=True):
+                if count is not None:
+                    self._cache.move_to_end(piece)
+            found = sum(count is not None for count in counts)
+            self.hits += found
+            self.misses += len(pieces) - found
+        encoded = {
+            piece: len(self._encode(piece))
+            for piece, count in zip(pieces, counts, strict=True)
+            if count is None
+        }
+        if encoded:
+            self._remember(encoded)
+        return [
+            encoded[piece] if count is None else count for piece, count in zip(pieces, counts, strict=True)
+        ]
+
+    def _remember(self, encoded: dict[str, int]) -> None:
         with self._lock:
-            if piece not in self._cache:
-                self._cache[piece] = count
-                self._cached_chars += len(piece)
+            for piece, count in encoded.items():
+                if piece not in self._cache and len(piece) <= self._cache_max_chars:
+                    self._cache[piece] = count
+                    self._cached_chars += len(piece)
             while self._cached_chars > self._cache_max_chars:
                 evicted, _ = self._cache.popitem(last=False)
                 self._cached_chars -= len(evicted)
-        return count

@@ -39,7 +39,7 @@ from modeltap.dialects.base import Dialect, TextPrompt
 from modeltap.proxy.append_stability import (
     HEAD_MAX,
     RENDER_ERRORS,
-    Shape,
+    Windows,
     context,
     generation_prompt,
     head_length,
@@ -55,9 +55,12 @@ log = logging.getLogger(__name__)
 # A full render and encode costs milliseconds per 10k tokens (docs/token-budgets.md §5.3): checking
 # the first requests catches a template or tokenizer the fast paths cannot reproduce before it decides
 # anything that matters, and one request in 128 after keeps checking at under 1% of the cost of
-# counting every request in full.
+# counting every request in full. A check costs what the whole prompt does, so above 16k tokens the
+# interval stretches with the prompt (one in 512 at 64k): the checks' share of a turn's cost stays the
+# same however long the history grows.
 VERIFY_FIRST_REQUESTS = 16
 VERIFY_EVERY_REQUESTS = 128
+VERIFY_SCALE_TOKENS = 16_384
 
 # Conversations kept for their next turn, by rendered characters (each keeps its request's messages
 # alive, about as large): 64 parallel agent sessions of 30k tokens, at ~4 characters a token.
@@ -65,6 +68,12 @@ CONVERSATIONS_MAX_CHARS = 8_000_000
 
 # Template kwargs a request may not set: apply_chat_template would consume them, not pass them on.
 _RESERVED_TEMPLATE_KWARGS = APPLY_CHAT_TEMPLATE_PARAMETERS | {"tools", "documents", "add_generation_prompt"}
+
+
+def check_interval(prompt_tokens: int, every: int = VERIFY_EVERY_REQUESTS) -> float:
+    """After how many requests one of `prompt_tokens` is checked: `every`, stretched above
+    VERIFY_SCALE_TOKENS in proportion to the prompt."""
+    return every * max(1.0, prompt_tokens / VERIFY_SCALE_TOKENS)
 
 
 class CountError(ValueError):
@@ -124,7 +133,8 @@ class TokenCounter:
         order, which the template's `tojson` shows. Against AReaL, set both.
 
         `verify_first` and `verify_every` (0: never) set which counts are checked by a full render
-        and encode; `conversations_max_chars` bounds the conversations kept for their next turn.
+        and encode: the first ones, then one in `verify_every` (`check_interval`);
+        `conversations_max_chars` bounds the conversations kept for their next turn.
         """
         self._tokenizer = tokenizer
         self._template_kwargs = dict(chat_template_kwargs or {})
@@ -136,6 +146,7 @@ class TokenCounter:
         self._incremental = tokenizer.segments is not None and tokenizer.segments.splits
         self._lock = threading.Lock()
         self._requests = self._extended = self._verifications = self._mismatches = 0
+        self._unchecked = 0  # requests since the last check
 
     @classmethod
     def load(
@@ -155,7 +166,7 @@ class TokenCounter:
         if counter._incremental:
             # The configured kwargs' proofs run at load, not on the first requests.
             for tools in (None, [{"type": "function"}]):
-                tokenizer.stability.rewritten_shapes(counter._kwargs({}), tools)
+                tokenizer.stability.windows(counter._kwargs({}), tools)
         return counter
 
     @property
@@ -210,30 +221,27 @@ class TokenCounter:
     def _count_chat(
         self, messages: list[Any], tools: Sequence[Mapping[str, Any]] | None, kwargs: dict[str, Any]
     ) -> int:
-        verify = self._next_request()
         normalise = self._normaliser(tools)
         answer: int | None = None
         text = None
-        rewritten = self._rewritten(kwargs, tools)
-        if rewritten is not None:
+        windows = self._windows(kwargs, tools)
+        if windows is not None:
             base = self._conversations.find(messages, tools, kwargs)
             if base is not None:
-                answer = self._extend(base, messages, tools, kwargs, rewritten, normalise)
+                answer = self._extend(base, messages, tools, kwargs, windows, normalise)
         if answer is None:
             normalised = [normalise(message) for message in messages]
             text = self._tokenizer.template.render(normalised, tools=tools, **kwargs)
-            answer = self._count_rendered(text, messages, normalised, tools, kwargs, rewritten)
-        if verify:
+            answer = self._count_rendered(text, messages, normalised, tools, kwargs, windows)
+        if self._to_check(answer):
             return self._verified(answer, text, messages, tools, kwargs, normalise)
         return answer
 
-    def _rewritten(
-        self, kwargs: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None
-    ) -> frozenset[Shape] | None:
-        """The shapes windows must keep (append_stability.py), or None: no windows for this request."""
+    def _windows(self, kwargs: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> Windows | None:
+        """How this request's conversation is counted by windows (append_stability.py), or None: not."""
         if not self._incremental:
             return None
-        return self._tokenizer.stability.rewritten_shapes(kwargs, tools)
+        return self._tokenizer.stability.windows(kwargs, tools)
 
     def _extend(
         self,
@@ -241,7 +249,7 @@ class TokenCounter:
         messages: list[Any],
         tools: Sequence[Mapping[str, Any]] | None,
         kwargs: dict[str, Any],
-        rewritten: frozenset[Shape],
+        windows: Windows,
         normalise: Callable[[Any], dict[str, Any]],
     ) -> int | None:
         """The count of `messages`, which extend `base`, from the new messages alone; None where the
@@ -254,14 +262,15 @@ class TokenCounter:
         head = head_length(list(normalised.values()))
         window = [normalised.get(i) or normalise(messages[i]) for i in context(known, head, base.rewritable)]
         new = [normalise(message) for message in messages[known:]]
-        added = render_delta(self._tokenizer.template, window, new, tools, kwargs)
+        added = render_delta(self._tokenizer.template, window, new, tools, kwargs, windows.prompt)
         segments = self._tokenizer.segments
         if added is None or segments is None:
             return None
         history = base.tail + added.text
         total, cut, before = segments.count_resumable(history + added.prompt, len(history))
         answer = base.counted + total
-        rewritable = (*base.rewritable, *(known + i for i, m in enumerate(new) if shape(m) in rewritten))
+        kept = windows.rewritten
+        rewritable = (*base.rewritable, *(known + i for i, m in enumerate(new) if shape(m) in kept))
         extended = Conversation(
             messages=messages,
             tools=tools,
@@ -283,18 +292,22 @@ class TokenCounter:
         normalised: list[dict[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         kwargs: dict[str, Any],
-        rewritten: frozenset[Shape] | None,
+        windows: Windows | None,
     ) -> int:
         """The count of a full render, leaving a conversation for the next turn where windows apply."""
         segments = self._tokenizer.segments
         if segments is None or not self._fast_path:
             return self._tokenizer.reference_count(text)
-        if rewritten is None:
+        if windows is None:
             return segments.count(text)
         head = head_length(normalised)
-        rewritable = tuple(i for i in range(head, len(normalised)) if shape(normalised[i]) in rewritten)
+        rewritable = tuple(
+            i for i in range(head, len(normalised)) if shape(normalised[i]) in windows.rewritten
+        )
         window = [normalised[i] for i in context(len(normalised), head, rewritable)]
-        prompt = generation_prompt(self._tokenizer.template, window, tools, kwargs)
+        prompt = windows.prompt
+        if prompt is None:
+            prompt = generation_prompt(self._tokenizer.template, window, tools, kwargs)
         if prompt is None or not text.endswith(prompt):
             return segments.count(text)
         stable = len(text) - len(prompt)
@@ -314,11 +327,10 @@ class TokenCounter:
         budgeted by its longest prompt."""
         if isinstance(prompt, str):
             # Servers encode a completions prompt with the tokenizer's special tokens (BOS).
-            verify = self._next_request()
             tokenizer = self._tokenizer
             segments = tokenizer.segments if self._fast_path else None
             count = segments.count(prompt) if segments is not None else tokenizer.reference_count(prompt)
-            if verify:
+            if self._to_check(count):
                 count = self._checked(count, prompt)
             return count + tokenizer.special_tokens_added
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -329,13 +341,17 @@ class TokenCounter:
 
     # --- verification -------------------------------------------------------------------------------
 
-    def _next_request(self) -> bool:
-        """Count one request; whether it is one to verify."""
+    def _to_check(self, tokens: int) -> bool:
+        """Count one request of `tokens` prompt tokens; whether to check it by a full render and encode."""
         with self._lock:
             self._requests += 1
-            return self._requests <= self._verify_first or (
-                self._verify_every > 0 and self._requests % self._verify_every == 0
+            self._unchecked += 1
+            due = self._requests <= self._verify_first or (
+                self._verify_every > 0 and self._unchecked >= check_interval(tokens, self._verify_every)
             )
+            if due:
+                self._unchecked = 0
+            return due
 
     def _count_extended(self) -> None:
         with self._lock:

@@ -29,7 +29,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from modeltap import dialects
 from modeltap.dialects.base import Dialect
-from modeltap.proxy import bpe
+from modeltap.proxy import bpe, tokens
 from modeltap.proxy.loaded_tokenizer import SharedTokenizers
 from modeltap.proxy.segments import Segments
 from modeltap.proxy.tokens import CountError, TokenCounter
@@ -672,10 +672,22 @@ def test_a_piece_mismatch_turns_the_fast_paths_off_and_says_so(
 
 def test_verification_on_the_first_requests_then_a_sample(qwen_dir: str) -> None:
     counter = TokenCounter.load(qwen_dir, verify_first=2, verify_every=5)
-    for i in range(11):
+    for i in range(12):
         counter.count(dialects.named("chat"), {"messages": [{"role": "user", "content": f"turn {i}"}]})
-    # requests 1 and 2, then 5 and 10
+    # requests 1 and 2, then every fifth: 7 and 12
     assert (counter.stats.verifications, counter.stats.mismatches) == (4, 0)
+
+
+def test_long_prompts_are_checked_less_often(qwen_dir: str) -> None:
+    # A check costs what the whole prompt does: above VERIFY_SCALE_TOKENS the interval stretches with
+    # the prompt, so that the checks' share of counting stays the same as a history grows.
+    assert tokens.check_interval(1_000, 128) == 128
+    assert tokens.check_interval(4 * tokens.VERIFY_SCALE_TOKENS, 128) == 512
+    counter = TokenCounter.load(qwen_dir, verify_first=0, verify_every=2)
+    long = {"messages": [{"role": "user", "content": "word " * 3 * tokens.VERIFY_SCALE_TOKENS}]}
+    for _ in range(11):
+        counter.count(dialects.named("chat"), long)
+    assert counter.stats.verifications == 1, "one in 2 x 3: the sixth"
 
 
 def test_the_segment_cache_stays_within_its_bound(qwen: PreTrainedTokenizerBase, qwen_dir: str) -> None:
