@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 from modeltap import dialects
 from modeltap.dialects.base import Dialect
 from modeltap.proxy import bpe, tokens
-from modeltap.proxy.loaded_tokenizer import SharedTokenizers
 from modeltap.proxy.segments import Segments
 from modeltap.proxy.tokens import CountError, TokenCounter
+from tests.factories import qwen_folder
 
 # Hypothesis budgets: enough generated conversations to cover tools, tool calls, unicode, code and
 # growth, few enough that the file runs in well under a minute on two shared cores.
@@ -522,13 +521,6 @@ def test_bodies_that_cannot_be_rendered(
         unverified.count(endpoint, body)
 
 
-def test_load_never_downloads(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="never downloads"):
-        TokenCounter.load(str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match="never downloads"):
-        TokenCounter.load("no-such-org/no-such-model")
-
-
 def test_load_finds_the_qwen_folder_and_its_template(qwen_dir: str) -> None:
     counter = TokenCounter.load(qwen_dir, {"enable_thinking": False})
     assert counter.count(dialects.named("chat"), {"messages": [{"role": "user", "content": "hi"}]}) > 0
@@ -643,7 +635,7 @@ def test_full_encode_where_pieces_do_not_encode_alone(tmp_path: Path) -> None:
 
 def test_split_special_tokens_turns_the_pieces_off(qwen_dir: str, tmp_path: Path) -> None:
     # With split_special_tokens, <|im_start|> in a message is text: the pieces would split it out.
-    folder = _qwen_folder(qwen_dir, tmp_path, split_special_tokens=True)
+    folder = qwen_folder(tmp_path / "split", qwen_dir, {"split_special_tokens": True})
     oracle = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     counter = TokenCounter.load(folder, verify_first=0, verify_every=0)
     assert (counter.stats.fast_path, counter.stats.incremental) == (False, False)
@@ -755,21 +747,11 @@ QWEN3_STYLE_TEMPLATE = """{%- set ns = namespace(last_query=-1) %}
 {% endif %}{% endif %}"""
 
 
-def _qwen_folder(qwen_dir: str, path: Path, template: str | None = None, **config: Any) -> Path:
-    """A copy of the Qwen2.5 tokenizer folder with another template or config values."""
-    path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(Path(qwen_dir, "tokenizer.json"), path / "tokenizer.json")
-    settings_ = json.loads(Path(qwen_dir, "tokenizer_config.json").read_text())
-    settings_.update(config)
-    if template is not None:
-        settings_["chat_template"] = template
-    (path / "tokenizer_config.json").write_text(json.dumps(settings_))
-    return path
-
-
 @pytest.fixture(scope="module")
 def qwen3_style_dir(qwen_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _qwen_folder(qwen_dir, tmp_path_factory.mktemp("qwen3_style"), QWEN3_STYLE_TEMPLATE)
+    return qwen_folder(
+        tmp_path_factory.mktemp("qwen3_style") / "t", qwen_dir, {"chat_template": QWEN3_STYLE_TEMPLATE}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -1005,48 +987,3 @@ def test_a_dependence_the_load_check_cannot_see_is_caught_by_verification(
     assert "counting only the new messages gave" in caplog.text
     stats = checked.stats
     assert (stats.mismatches, stats.incremental, stats.fast_path) == (1, False, True)
-
-
-# --- loading: names in the local Hugging Face cache, and one tokenizer per folder per process ----
-
-
-def test_a_model_name_in_the_local_hub_cache_loads_as_transformers_finds_it(
-    qwen_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The hub cache's layout: models--ORG--NAME/refs/main names the snapshot holding the files.
-    repo = tmp_path / "hub" / "models--someorg--tiny-qwen"
-    snapshot = _qwen_folder(qwen_dir, repo / "snapshots" / "0123abc", QWEN3_STYLE_TEMPLATE)
-    # AutoTokenizer reads the model's config.json first; modeltap needs only the tokenizer files.
-    (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0123abc")
-    _qwen_folder(qwen_dir, repo / "snapshots" / "older")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    # huggingface_hub read HF_HUB_CACHE when it was imported: the oracle is told the folder instead.
-    oracle = AutoTokenizer.from_pretrained(
-        "someorg/tiny-qwen", local_files_only=True, cache_dir=tmp_path / "hub"
-    )
-    counter = TokenCounter.load("someorg/tiny-qwen", verify_first=0)
-    messages = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "x", "reasoning_content": "r"},
-    ]
-    assert counter.count(dialects.named("chat"), {"messages": messages}) == reference(oracle, messages)
-    assert counter.tokenizer.folder == snapshot.resolve()
-
-
-def test_counters_of_one_process_share_a_loaded_folder(qwen_dir: str) -> None:
-    first = TokenCounter.load(qwen_dir, {"enable_thinking": False})
-    second = TokenCounter.load(Path(qwen_dir) / ".." / Path(qwen_dir).name, openai_typed_chat=True)
-    assert first.tokenizer is second.tokenizer
-    assert TokenCounter.load(qwen_dir, cache_max_chars=1_000).tokenizer is not first.tokenizer
-
-
-def test_the_shared_tokenizers_are_bounded(qwen_dir: str, tmp_path: Path) -> None:
-    shared = SharedTokenizers(max_entries=2)
-    folders = [_qwen_folder(qwen_dir, tmp_path / name, CHATML_TEMPLATE) for name in ("a", "b", "c")]
-    loaded = [shared.get(folder, 1_000) for folder in folders]
-    assert shared.get(folders[2], 1_000) is loaded[2]
-    assert shared.get(folders[0], 1_000) is not loaded[0], "the least recently used folder was dropped"
-    (folders[2] / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
-    assert shared.get(folders[2], 1_000) is not loaded[2], "a changed folder is loaded anew"
