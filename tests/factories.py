@@ -4,7 +4,7 @@ tests build, each with the defaults most tests want and keywords for what a test
 Owns: the bash tool and the question the SDK-driven tests send; non-streamed OpenAI chat, completions
 and Responses bodies and Anthropic messages; the chunks and SSE framing of their streams; modeltap
 `Exchange`s and a record store written with them; copies of the Qwen2.5 tokenizer folder with another
-config or template. Does not own: what a stand-in upstream answers
+config or template, and small byte-level BPE tokenizers. Does not own: what a stand-in upstream answers
 (tests/standins/) or any test's expected values.
 
     CHAT = chat_completion(assistant("42"), usage=usage(25, 5))
@@ -15,9 +15,13 @@ config or template. Does not own: what a stand-in upstream answers
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from modeltap.proxy import bpe
 from modeltap.records.exchange import Exchange
 from modeltap.records.store import RecordStore
 from tests.standins.anthropic_wire import sse_event
@@ -30,6 +34,7 @@ __all__ = [
     "MODEL",
     "SSE_DONE",
     "assistant",
+    "byte_level_tokenizer",
     "chat_chunk",
     "chat_completion",
     "completion_chunk",
@@ -305,3 +310,18 @@ def qwen_folder(
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(text.encode("utf-8"))
     return root
+
+
+def byte_level_tokenizer(merges: Sequence[tuple[str, str]] = (), extra: Sequence[str] = ()) -> Tokenizer:
+    """A GPT-2-style byte-level BPE: the 256 byte symbols, then each merge's result (ids in merge
+    order), then `extra` tokens that no merge produces; ChatML's two added tokens."""
+    vocab = {symbol: i for i, symbol in enumerate(bpe.bytes_to_unicode().values())}
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    for token in extra:
+        vocab[token] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    return tok

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from modeltap.proxy import bpe
+from tests.factories import byte_level_tokenizer
 
 TEXTS = 150
 CODE = Path(json.__file__).with_name("decoder.py").read_text()
@@ -32,18 +32,6 @@ def _save(path: Path, tok: Tokenizer) -> Path:
 def _encoder(file: Path) -> bpe.Encoder | None:
     tok = Tokenizer.from_file(str(file))
     return bpe.exact_tiktoken(file, tok, [t.content for t in tok.get_added_tokens_decoder().values()])
-
-
-def _byte_level(merges: Sequence[tuple[str, str]], extra: Sequence[str] = ()) -> Tokenizer:
-    """The 256 byte symbols, each merge's result (ids in merge order), then `extra` tokens."""
-    vocab = {symbol: i for i, symbol in enumerate(bpe.bytes_to_unicode().values())}
-    for left, right in merges:
-        vocab[left + right] = len(vocab)
-    for token in extra:
-        vocab[token] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    return tok
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +82,7 @@ def test_a_trained_vocabulary_through_tiktoken_gives_the_tokenizers_ids(trained:
 def test_a_token_whose_own_bytes_merge_otherwise_is_refused(tmp_path: Path) -> None:
     # "bc" is merged first, so tokenizers spells "abc" a, bc, and no merge joins those two; tiktoken
     # takes "abc" whole, being in the vocabulary. The proof finds it without any text.
-    tok = _byte_level([("b", "c"), ("a", "b"), ("ab", "c")])
+    tok = byte_level_tokenizer([("b", "c"), ("a", "b"), ("ab", "c")])
     file = _save(tmp_path, tok)
     assert _encoder(file) is None
     ranks = {bytes([byte]): rank for byte, rank in zip(bpe.bytes_to_unicode(), range(256), strict=True)}
@@ -104,13 +92,13 @@ def test_a_token_whose_own_bytes_merge_otherwise_is_refused(tmp_path: Path) -> N
 
 
 def test_a_token_no_merge_makes_is_refused(tmp_path: Path) -> None:
-    tok = _byte_level([("h", "e")], extra=["xyz"])
+    tok = byte_level_tokenizer([("h", "e")], extra=["xyz"])
     assert _encoder(_save(tmp_path, tok)) is None
     assert tok.encode("xyz").ids != [tok.token_to_id("xyz")]
 
 
 def test_merges_out_of_the_order_of_their_ids_are_refused(tmp_path: Path) -> None:
-    tok = _byte_level([("h", "e"), ("l", "l")])
+    tok = byte_level_tokenizer([("h", "e"), ("l", "l")])
     file = _save(tmp_path, tok)
     data = json.loads(file.read_text())
     data["model"]["merges"].reverse()  # "ll" (id 257) before "he" (id 256)
@@ -119,13 +107,13 @@ def test_merges_out_of_the_order_of_their_ids_are_refused(tmp_path: Path) -> Non
 
 
 def test_a_normaliser_tiktoken_does_not_apply_is_refused(tmp_path: Path) -> None:
-    tok = _byte_level([("h", "e")])
+    tok = byte_level_tokenizer([("h", "e")])
     tok.normalizer = normalizers.Lowercase()
     assert _encoder(_save(tmp_path, tok)) is None
 
 
 def test_a_metaspace_model_is_refused(tmp_path: Path) -> None:
-    tok = _byte_level([("h", "e")])
+    tok = byte_level_tokenizer([("h", "e")])
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     assert _encoder(_save(tmp_path, tok)) is None
 

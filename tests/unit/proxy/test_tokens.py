@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from modeltap import dialects
 from modeltap.dialects.base import Dialect
-from modeltap.proxy import bpe, tokens
+from modeltap.proxy import tokens
 from modeltap.proxy.segments import Segments
 from modeltap.proxy.tokens import CountError, TokenCounter
-from tests.factories import qwen_folder
+from tests.factories import byte_level_tokenizer, qwen_folder
 
 # Hypothesis budgets: enough generated conversations to cover tools, tool calls, unicode, code and
 # growth, few enough that the file runs in well under a minute on two shared cores.
@@ -484,7 +483,7 @@ def test_list_content_for_a_template_that_iterates_over_parts(tmp_path: Path) ->
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{% for part in m.content %}[{{ part.text }}]"
         "{% endfor %}<|im_end|>{% endfor %}<|im_start|>assistant\n"
     )
-    tok = _write(tmp_path, _byte_level(), template)
+    tok = _write(tmp_path, byte_level_tokenizer(), template)
     parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]
     body = {"messages": [{"role": "user", "content": parts}]}
     assert TokenCounter.load(tmp_path).count(dialects.named("chat"), body) == reference(tok, body["messages"])
@@ -527,34 +526,12 @@ def test_load_finds_the_qwen_folder_and_its_template(qwen_dir: str) -> None:
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused(tmp_path: Path) -> None:
-    _write(tmp_path, _byte_level(), None)
+    _write(tmp_path, byte_level_tokenizer(), None)
     with pytest.raises(ValueError, match="no chat template"):
         TokenCounter.load(tmp_path)
 
 
 # --- other vocabularies, the cache bound, and the safety net ------------------------------------
-
-
-def _byte_level(
-    merges: Sequence[tuple[str, str]] = (),
-    extra: tuple[str, ...] = (),
-    normalizer: Any = None,
-) -> Tokenizer:
-    """A GPT-2-style byte-level BPE: the 256 byte symbols, then each merge's result, then `extra`
-    tokens that no merge produces."""
-    symbols = list(bpe.bytes_to_unicode().values())
-    vocab = {s: i for i, s in enumerate(symbols)}
-    for left, right in merges:
-        vocab[left + right] = len(vocab)
-    for token in extra:
-        vocab[token] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    if normalizer is not None:
-        tok.normalizer = normalizer
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    return tok
 
 
 def _trained() -> Tokenizer:
@@ -604,7 +581,9 @@ def test_a_second_byte_level_vocabulary_through_tiktoken(
 
 def test_the_tokenizers_library_where_tiktoken_cannot_reproduce_the_ids(tmp_path: Path) -> None:
     # A lowercasing normaliser is not one tiktoken applies: the pieces are encoded by tokenizers.
-    tok = _write(tmp_path, _byte_level([("h", "e")], normalizer=normalizers.Lowercase()), CHATML_TEMPLATE)
+    lowercasing = byte_level_tokenizer([("h", "e")])
+    lowercasing.normalizer = normalizers.Lowercase()
+    tok = _write(tmp_path, lowercasing, CHATML_TEMPLATE)
     counter = TokenCounter.load(tmp_path, verify_first=0, verify_every=0)
     assert (counter.stats.encoder, counter.stats.fast_path) == ("tokenizers", True)
     messages = [{"role": "user", "content": "HELLO <|im_end|> Hé"}]
@@ -615,7 +594,7 @@ def test_tiktoken_only_where_its_ids_are_proven_equal(tmp_path: Path) -> None:
     # "xyz" is in the vocabulary but no merge makes it: tokenizers spells it x, y, z while tiktoken,
     # which takes any whole piece found in the vocabulary, would return one token. The proof at load
     # (bpe.py) sees it without any text containing it.
-    tok = _write(tmp_path, _byte_level([("h", "e")], extra=("xyz",)), CHATML_TEMPLATE)
+    tok = _write(tmp_path, byte_level_tokenizer([("h", "e")], extra=("xyz",)), CHATML_TEMPLATE)
     counter = TokenCounter.load(tmp_path, verify_first=0, verify_every=0)
     assert counter.stats.encoder == "tokenizers"
     messages = [{"role": "user", "content": "xyz xyz"}]
@@ -624,7 +603,7 @@ def test_tiktoken_only_where_its_ids_are_proven_equal(tmp_path: Path) -> None:
 
 def test_full_encode_where_pieces_do_not_encode_alone(tmp_path: Path) -> None:
     # Metaspace prefixes the first piece only, so pieces between added tokens are not independent.
-    tok = _byte_level()
+    tok = byte_level_tokenizer()
     tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     hf = _write(tmp_path, tok, CHATML_TEMPLATE)
     counter = TokenCounter.load(tmp_path, verify_first=0, verify_every=0)
@@ -971,7 +950,7 @@ def test_a_dependence_the_load_check_cannot_see_is_caught_by_verification(
         "<|im_end|>\n{% endfor %}",
         "<|im_end|>\n{% if loop.index0 == 24 %}[checkpoint]\n{% endif %}{% endfor %}",
     )
-    oracle = _write(tmp_path, _byte_level(), template)
+    oracle = _write(tmp_path, byte_level_tokenizer(), template)
     checked = TokenCounter.load(tmp_path, verify_first=0, verify_every=1)
     unchecked = TokenCounter.load(tmp_path, verify_first=0, verify_every=0)
     messages: list[dict[str, Any]] = []
