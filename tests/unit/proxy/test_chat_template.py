@@ -671,6 +671,61 @@ def test_tokens_the_config_declares_are_added_as_transformers_adds_them(
     assert_same_ids(ours, oracle, "a<|my_eos|>b <|extra_new|>  <think>x</think> <my_image><|im_start|>user")
 
 
+def _pipeline_facts(files: TokenizerFiles) -> tuple[Any, ...]:
+    """What a folder says besides its vocabulary: templates, special tokens, the added tokens' contents
+    and flags (their ids depend on the vocabulary's size), the post-processor, special-token splitting."""
+    tokenizer = files.tokenizer
+    added = sorted(
+        (t.content, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized)
+        for t in files.added_tokens.values()
+    )
+    return (
+        dict(files.template.templates),
+        dict(files.template.special_tokens),
+        added,
+        tokenizer.num_special_tokens_to_add(False),
+        tokenizer.num_special_tokens_to_add(True),
+        tokenizer.encode_special_tokens,
+        tokenizer.padding,
+    )
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"split_special_tokens": True},
+        {
+            "eos_token": "<|my_eos|>",
+            "image_token": "<my_image>",
+            "additional_special_tokens": ["<|extra_new|>"],
+        },
+    ],
+)
+def test_a_folder_loaded_without_its_vocabulary_says_the_same_about_everything_else(
+    qwen_dir: str, tmp_path: Path, config: dict[str, Any]
+) -> None:
+    folder = qwen_folder(tmp_path / "t", qwen_dir, config)
+    light, full = TokenizerFiles.load(folder, vocabulary=False), TokenizerFiles.load(folder)
+    assert _pipeline_facts(light) == _pipeline_facts(full)
+    assert light.tokenizer.get_vocab_size(with_added_tokens=False) == 0
+
+
+def test_render_prefixes_renders_each_prefix_as_render_does(qwen_dir: str) -> None:
+    template = TokenizerFiles.load(qwen_dir, vocabulary=False).template
+    cuts = [(1, False), (3, True), (len(AGENT_TURNS), False), (len(AGENT_TURNS), True)]
+    expected = [
+        template.render(
+            AGENT_TURNS[:length], tools=TOOLS, add_generation_prompt=prompt, enable_thinking=False
+        )
+        for length, prompt in cuts
+    ]
+    assert template.render_prefixes(AGENT_TURNS, cuts, tools=TOOLS, enable_thinking=False) == expected
+    with pytest.raises(ValueError, match="empty conversation"):
+        template.render_prefixes(AGENT_TURNS, [(0, True)])
+    assert template.name_for(None) == template.name_for(TOOLS) == "default"
+
+
 def test_split_special_tokens_encodes_them_as_text(qwen_dir: str, tmp_path: Path) -> None:
     ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, {"split_special_tokens": True}))
     text = "<|im_start|>user\nhi<|im_end|>\n<think>"
