@@ -260,7 +260,10 @@ class TokenCounter:
             return base.prompt_tokens
         normalised = {i: normalise(messages[i]) for i in range(min(known, HEAD_MAX))}
         head = head_length(list(normalised.values()))
-        window = [normalised.get(i) or normalise(messages[i]) for i in context(known, head, base.rewritable)]
+        for index in context(known, head, base.rewritable):
+            if index not in normalised:
+                normalised[index] = normalise(messages[index])
+        window = [normalised[index] for index in context(known, head, base.rewritable)]
         new = [normalise(message) for message in messages[known:]]
         added = render_delta(self._tokenizer.template, window, new, tools, kwargs, windows.prompt)
         segments = self._tokenizer.segments
@@ -312,7 +315,16 @@ class TokenCounter:
             return segments.count(text)
         stable = len(text) - len(prompt)
         total, cut, before = segments.count_resumable(text, stable)
-        counted = Conversation(messages, tools, kwargs, before, text[cut:stable], total, rewritable, stable)
+        counted = Conversation(
+            messages=messages,
+            tools=tools,
+            kwargs=kwargs,
+            counted=before,
+            tail=text[cut:stable],
+            prompt_tokens=total,
+            rewritable=rewritable,
+            chars=stable,
+        )
         self._conversations.store(counted)
         return total
 

@@ -38,12 +38,16 @@ def test_the_qwen_file_reads_as_json_loads_reads_it(qwen_dir: str) -> None:
     assert len(vocab) == 151_643 and len(merges) == 151_387
 
 
-# Any text, control characters, quotes and backslashes included (json.dumps escapes them).
-tokens = st.text(min_size=1, max_size=6)
-spaceless = st.text(st.characters(blacklist_characters=" "), min_size=1, max_size=6)
+# Any text a UTF-8 file holds, control characters, quotes and backslashes included (json.dumps
+# escapes them).
+characters = st.characters(exclude_categories=("Cs",))
+tokens = st.text(characters, min_size=1, max_size=6)
+spaceless = st.text(st.characters(exclude_categories=("Cs",), exclude_characters=" "), min_size=1, max_size=6)
 values: st.SearchStrategy[Any] = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    st.none() | st.booleans() | st.integers() | st.text(characters, max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(characters, max_size=5), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
@@ -63,7 +67,7 @@ def documents(draw: st.DrawFn) -> dict[str, Any]:
         "version": "1.0",
         "added_tokens": [{"id": 9, "content": draw(tokens), "special": True}],
         "normalizer": draw(values),
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": draw(st.text(max_size=10))}},
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": draw(st.text(characters, max_size=10))}},
         "model": dict(draw(st.permutations(list(model.items())))),
     }
     return dict(draw(st.permutations(list(sections.items()))))
