@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -31,7 +32,15 @@ from modeltap.records.export import FORMATS, write_export
 from modeltap.records.replay import comparison_text, load_mock, mock_app, replay
 from modeltap.records.store import StoreReader
 from modeltap.records.ui import viewer_app
-from modeltap.records.view import follow, resolve_session, session_turns, sessions_table, turn_text, turns
+from modeltap.records.view import (
+    follow,
+    pretty,
+    resolve_session,
+    session_turns,
+    sessions_table,
+    turn_text,
+    turns,
+)
 
 EPILOG_SERVE = """example:
   modeltap serve --upstream http://10.0.0.5:41235 --port 8080
@@ -61,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `modeltap` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    # Records keep what agents sent, a lone surrogate included: printed as its escape, never a crash.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     # modeltap uses transformers for tokenizers only; its "PyTorch was not found" advice is noise here.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(
@@ -270,9 +283,9 @@ def _show(args: argparse.Namespace) -> int:
         if not 1 <= args.turn <= len(listed):
             raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
         turn = listed[args.turn - 1]
-        print(json.dumps(turn, indent=2, ensure_ascii=False) if args.json else turn_text(turn))
+        print(pretty(turn) if args.json else turn_text(turn))
     elif args.json:
-        print(json.dumps(listed, indent=2, ensure_ascii=False))
+        print(pretty(listed))
     else:
         print("\n\n".join(turn_text(t) for t in listed) if args.full else session_turns(session_id, rows))
     return 0

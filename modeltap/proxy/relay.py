@@ -485,7 +485,9 @@ def _client_left(draft: ExchangeDraft) -> None:
 
 
 def _error_response(flow: _Flow, err: ProxyError) -> web.Response:
-    """A proxy-made error in the client's dialect, noted on the record."""
+    """A proxy-made error in the client's dialect, noted on the record. A message that quotes the
+    request (a path, a field) has any known session token in it masked."""
+    err.message = flow.ctx.sessions.mask(err.message)
     draft = flow.draft
     draft.status = err.status
     draft.fail(err.error_class, err.message)
