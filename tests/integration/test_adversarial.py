@@ -375,3 +375,40 @@ async def test_every_reader_survives_turns_nested_hundreds_deep(
             write_export(reader, session.id, fmt, _Text())
     listed = turns(rows, full=True)
     assert len(listed) == 2 and all(turn_text(turn) for turn in listed) and pretty(listed)
+
+
+# -- the whole class under load --------------------------------------------------------------------------
+
+
+async def test_a_hundred_good_requests_among_fifty_hostile_ones(
+    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Good and hostile requests at once: exactly the good ones are served and recorded whole, every
+    hostile one is refused in its client's shape and recorded, and no secret is anywhere."""
+    caplog.set_level(logging.DEBUG)
+    upstream = areal.open_session("load")
+    hostile: list[tuple[str, bytes, dict[str, str]]] = [
+        ("/chat/completions", b"{not json", {}),
+        ("/chat/completions", json_bytes({"model": "m", "messages": "not a list"}), {}),
+        ("/v1/messages", json_bytes({"model": "m", "max_tokens": 1, "messages": [1]}), {}),
+        ("/chat/completions", b"\x1f\x8bnot gzip", {"Content-Encoding": "gzip"}),
+        ("/chat/completions", json_bytes(CHAT), {"Content-Encoding": "br"}),
+    ]
+    async with make_proxy(upstream=areal.url, upstream_key=upstream.api_key, host="0.0.0.0") as proxy:
+        session = proxy.sessions.open(labels={"task_id": "load"})
+        base = session.host_base_url
+        good = [post(base + "/chat/completions", json_bytes(CHAT)) for _ in range(100)]
+        bad = [post(base + path, data, **headers) for path, data, headers in hostile * 10]
+        results = await asyncio.gather(*good, *bad)
+    statuses = [status for status, _ in results]
+    assert statuses[:100] == [200] * 100 and all(400 <= status < 500 for status in statuses[100:])
+    assert all(
+        body["type"] == "error" if "messages" in path else set(body) == {"error"}
+        for (path, _, _), (_, body) in zip(hostile * 10, results[100:], strict=True)
+    )
+    rows = records(store_path)
+    assert len(rows) == 150 and health(proxy)["failures"] == 0
+    assert sum(row["status"] == 200 and row["error_class"] is None for row in rows) == 100
+    assert sum(row["error_class"] == "client_error" for row in rows) == 50
+    for secret in (session.token, upstream.api_key):
+        assert_no_token(store_path, secret, caplog.text)
