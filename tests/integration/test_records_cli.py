@@ -129,7 +129,7 @@ def test_show_export_on_an_openai_sdk_session(
 
     code, out = run_cli(capsys, "show", session.id[:6], "--store", store)
     lines = out.splitlines()
-    assert code == 0 and lines[0] == f"session {session.id}: 3 turn(s)  agent=openai-sdk"
+    assert code == 0 and lines[0] == f"session {session.id}: 3 turn(s)  client=openai-python agent=openai-sdk"
     assert lines[1].startswith("#1  ") and '  tool_calls  → bash({"command": "echo $((6 * 7))"})' in lines[1]
     assert "    + user       Run `echo $((6 * 7))` and reply with the number." in lines
     assert any(line.startswith("#2  ") and "chat (stream)  200" in line and "stop" in line for line in lines)
