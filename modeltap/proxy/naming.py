@@ -6,7 +6,7 @@ client may also name its conversation and label it with two headers, `x-modeltap
 session token (so they never stand in for one), where the name qualifies the token's session
 (`SESSION:NAME`). Without either, a session hint the agent sends (Claude Code's
 `x-claude-code-session-id`, a generic `x-session-id`) is the session as it is; without any, the
-history's continuity splits anonymous traffic into conversations (conversations.py). Every exchange is
+history's continuity splits anonymous traffic into conversations (anonymous.py). Every exchange is
 labelled with the client its User-Agent names. Does not own: credentials and who may use the
 upstream key (relay.py), or what a session holds (sessions.py).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from modeltap.compat.clients import client_of
 from modeltap.dialects.base import Dialect
-from modeltap.proxy.conversations import Conversations
+from modeltap.proxy.anonymous import AnonymousConversations
 from modeltap.proxy.sessions import Session
 
 SESSION_HEADER = "x-modeltap-session"
@@ -52,7 +52,7 @@ def names_for(
     session: Session | None,
     *,
     loopback_only: bool,
-    conversations: Conversations,
+    anonymous: AnonymousConversations,
     dialect: Dialect,
     body: dict[str, Any] | None,
 ) -> Names:
@@ -77,7 +77,7 @@ def names_for(
     hint = next((v for h in SESSION_HINTS if (v := headers.get(h)) and _NAME.fullmatch(v)), None)
     if hint is not None:
         return Names(hint, labels)
-    conversation = conversations.session_of(dialect, body) if body is not None else None
+    conversation = anonymous.session_of(dialect, body) if body is not None else None
     return Names(conversation or ANONYMOUS_SESSION, labels)
 
 

@@ -186,7 +186,7 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
             request.headers,
             target.session,
             loopback_only=ctx.loopback_only,
-            conversations=ctx.conversations,
+            anonymous=ctx.anonymous,
             dialect=dialect,
             body=body,
         )

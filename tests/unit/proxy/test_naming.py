@@ -1,4 +1,4 @@
-"""modeltap/proxy/naming.py and conversations.py: the session an exchange is recorded under, from a
+"""modeltap/proxy/naming.py and anonymous.py: the session an exchange is recorded under, from a
 token, the naming headers, an agent's own hint, or the continuity of anonymous histories; and its
 labels, the client's among them."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from modeltap import dialects
-from modeltap.proxy.conversations import Conversations
+from modeltap.proxy.anonymous import AnonymousConversations
 from modeltap.proxy.naming import ANONYMOUS_SESSION, Names, NamingError, names_for
 from modeltap.proxy.sessions import SessionRegistry
 
@@ -26,7 +26,7 @@ def names(headers: dict[str, str], *, token: bool = False, loopback: bool = True
         headers,
         session,
         loopback_only=loopback,
-        conversations=Conversations(),
+        anonymous=AnonymousConversations(),
         dialect=CHAT,
         body=body if body is not None else {"messages": [ASK]},
     )
@@ -79,7 +79,7 @@ def test_traffic_without_a_history_is_anonymous() -> None:
 
 
 def test_anonymous_histories_are_split_by_continuity() -> None:
-    tracker = Conversations()
+    tracker = AnonymousConversations()
     reply = {"role": "assistant", "content": "42"}
     first = tracker.session_of(CHAT, {"messages": [SYSTEM, ASK]})
     assert (

@@ -34,7 +34,7 @@ class _Tail:
     last: str
 
 
-class Conversations:
+class AnonymousConversations:
     """Names the conversation an anonymous request belongs to."""
 
     def __init__(self, prefix: str = "anon") -> None:
