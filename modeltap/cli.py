@@ -31,7 +31,8 @@ from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.records.console import ConsoleLog
 from modeltap.records.export import FORMATS, write_export
-from modeltap.records.replay import comparison_text, load_mock, mock_app, replay
+from modeltap.records.mock import load_mock, mock_app
+from modeltap.records.replay import comparison_text, replay
 from modeltap.records.store import StoreReader
 from modeltap.records.ui import viewer_app
 from modeltap.records.view import (
@@ -61,9 +62,12 @@ EPILOG_EXPORT = """examples:
 EPILOG_REPLAY = """example:
   modeltap replay s-3f2a --upstream http://127.0.0.1:8000 --turn 3
 the replay is recorded as a new session labelled replay_of=SESSION; exit status 1 when a turn differs"""
-EPILOG_MOCK = """example:
+EPILOG_MOCK = """examples:
   modeltap mock --session s-3f2a --port 9000
-  # then point the agent at http://127.0.0.1:9000/v1 (OpenAI-style) or http://127.0.0.1:9000 (Anthropic)"""
+  # then point the agent at http://127.0.0.1:9000/v1 (OpenAI-style) or http://127.0.0.1:9000 (Anthropic)
+  modeltap mock --session s-3f2a --strict   a test fixture: an off-script request gets a 409
+each request is logged on stderr with how it matched (exact #3, next in order #4 (diverged at ...));
+GET /_modeltap/mock says what was served, POST /_modeltap/mock/reset starts the session over"""
 EPILOG_UI = """example:
   modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
@@ -157,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
     mock.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     mock.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
     mock.add_argument("--realtime", action="store_true", help="answer at the recorded pace")
+    mock.add_argument(
+        "--strict",
+        action="store_true",
+        help="serve exact matches only: any other request gets a 409 saying where it diverged",
+    )
+    mock.add_argument("-q", "--quiet", action="store_true", help="no line per request on stderr")
     _config_flags(mock, ("max_body_bytes",))
     _store_option(mock)
 
@@ -360,11 +370,14 @@ def _mock(args: argparse.Namespace) -> int:
     if args.session:
         with StoreReader(store) as reader:
             session_id = resolve_session(reader, args.session)
-    mock = load_mock(store, session=session_id, realtime=args.realtime)
+    mock = load_mock(store, session=session_id, realtime=args.realtime, strict=args.strict)
     what = f"session {session_id} in turn order" if session_id else "every session, matched by request body"
-    banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}"
+    strict = ", strict: off-script requests get a 409" if args.strict else ""
+    banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}{strict}"
     max_body_bytes = ProxyConfig.from_sources({"max_body_bytes": args.max_body_bytes}).max_body_bytes
-    asyncio.run(_serve_app_until_signalled(mock_app(mock, max_body_bytes), args.host, args.port, banner))
+    log = None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True)
+    app = mock_app(mock, max_body_bytes, log)
+    asyncio.run(_serve_app_until_signalled(app, args.host, args.port, banner))
     return 0
 
 
