@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import difflib
 import errno
 import io
 import json
@@ -26,6 +27,7 @@ from aiohttp import web
 
 from modeltap import __version__
 from modeltap.compat import doctor
+from modeltap.completion import SHELLS, script
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
@@ -75,7 +77,11 @@ EPILOG_UI = """example:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `modeltap` console script."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # argparse hands a subcommand's leftovers to the top-level parser, whose usage says nothing
+        # of the subcommand's flags: the subcommand's own parser says it, with the closest flag.
+        args.parser.error(_unknown_arguments(args.parser, unknown))
     # Records keep what agents sent, a lone surrogate included: printed as its escape, never a crash.
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
@@ -166,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve exact matches only: any other request gets a 409 saying where it diverged",
     )
-    mock.add_argument("-q", "--quiet", action="store_true", help="no line per request on stderr")
+    mock.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     _config_flags(mock, ("max_body_bytes",))
     _store_option(mock)
 
@@ -194,6 +200,16 @@ def _parser() -> argparse.ArgumentParser:
         "example:\n  modeltap demo",
     )
     _store_option(demo)
+
+    completion = _command(
+        commands,
+        "completion",
+        _completion,
+        "print a shell completion script for bash or zsh",
+        'examples:\n  eval "$(modeltap completion bash)"     in ~/.bashrc\n'
+        '  eval "$(modeltap completion zsh)"      in ~/.zshrc, after compinit',
+    )
+    completion.add_argument("shell", choices=SHELLS)
     return parser
 
 
@@ -207,8 +223,17 @@ def _command(
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub.set_defaults(run=run)
+    sub.set_defaults(run=run, parser=sub)
     return sub
+
+
+def _unknown_arguments(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """argparse's words for arguments nobody took, with the closest flag of `parser` for a mistyped one."""
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+    typed = next((arg.partition("=")[0] for arg in unknown if arg.startswith("--")), None)
+    close = difflib.get_close_matches(typed, flags, n=1) if typed else []
+    return message + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _config_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
@@ -465,6 +490,11 @@ def _bundle_tasks(path: str) -> dict[str, float]:
     from modeltap.adapter import load_bundle
 
     return {task.id: task.timeout_s for task in load_bundle(path).tasks.values()}
+
+
+def _completion(args: argparse.Namespace) -> int:
+    print(script(_parser(), args.shell), end="")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
