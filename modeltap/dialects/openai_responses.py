@@ -141,7 +141,7 @@ class Responses(Dialect):
     history_field = "input"
     context_fields = ("tools", "instructions")
     system_field = "instructions"
-    # The OpenAI conventions name the Responses API's operation "chat" too (docs/otel.md §2).
+    # The conventions' inference span covers the Responses API too, as "chat" (docs/otel.md §2).
     operation = "chat"
 
     def completion_field(self, body: Any) -> str:
