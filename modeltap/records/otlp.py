@@ -124,15 +124,17 @@ class _Waiting(ReadableSpan):
 
 @dataclass
 class Tally:
-    """Spans counted, each count written by one thread: `queued` and `dropped` (the queue was full) on
-    the event loop, `done`, `exported` and `failed` (the backend did not take them) on the worker."""
+    """Spans counted, each count written by one thread: `queued`, `dropped` (the queue was full) and
+    `abandoned` (still unsent when the stop gave up) on the event loop; `done`, `exported` and
+    `failed` (the backend did not take them) on the worker."""
 
     queued: int = 0
     dropped: int = 0
+    abandoned: int = 0
     done: int = 0
     exported: int = 0
     failed: int = 0
-    _reported: tuple[int, int, int] = (0, 0, 0)
+    _reported: tuple[int, ...] = (0, 0, 0, 0)
     _next_report: float = 0.0
 
     @property
@@ -144,20 +146,20 @@ class Tally:
         now = time.monotonic()
         if not final and now < self._next_report:
             return
-        exported, dropped, failed = (
-            a - b for a, b in zip((self.exported, self.dropped, self.failed), self._reported, strict=True)
-        )
-        if dropped or failed:
+        counts = (self.exported, self.dropped, self.failed, self.abandoned)
+        exported, dropped, failed, abandoned = (a - b for a, b in zip(counts, self._reported, strict=True))
+        if dropped or failed or abandoned:
             log.warning(
-                "otlp: %d spans lost (%d dropped with the export queue full, %d not taken by the backend), "
-                "%d exported, in the last %s",
-                dropped + failed,
+                "otlp: %d spans lost (%d dropped with the export queue full, %d not taken by the backend, "
+                "%d unsent at stop), %d exported, in the last %s",
+                dropped + failed + abandoned,
                 dropped,
                 failed,
+                abandoned,
                 exported,
                 "run" if final else f"{REPORT_INTERVAL_S:g} s",
             )
-        self._reported = (self.exported, self.dropped, self.failed)
+        self._reported = counts
         self._next_report = now + REPORT_INTERVAL_S
 
 
@@ -260,7 +262,7 @@ class OtlpExport:
         try:
             await asyncio.wait_for(asyncio.wrap_future(stopped), SHUTDOWN_TIMEOUT_S)
         except TimeoutError:
-            self.tally.dropped += self.tally.waiting
+            self.tally.abandoned = self.tally.waiting
             log.warning(
                 "otlp: %s did not take the last %d spans in %g s",
                 self.endpoint,

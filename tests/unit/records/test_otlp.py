@@ -1,6 +1,6 @@
 """modeltap/records/otlp.py without a backend: the span object a call becomes, the resource, and how
 losses are counted and reported. The pipeline against live, failing and hanging backends is
-tests/integration/test_otlp.py."""
+tests/integration/test_otlp_export.py."""
 
 from __future__ import annotations
 
@@ -77,10 +77,10 @@ def test_losses_are_logged_at_most_once_per_interval_and_at_the_end(
         tally.report()
         tally.report(final=True)  # nothing new: nothing to say
     assert [r.getMessage() for r in caplog.records] == [
-        "otlp: 3 spans lost (3 dropped with the export queue full, 0 not taken by the backend), "
-        "10 exported, in the last 60 s",
-        "otlp: 5 spans lost (0 dropped with the export queue full, 5 not taken by the backend), "
-        "0 exported, in the last 60 s",
+        "otlp: 3 spans lost (3 dropped with the export queue full, 0 not taken by the backend, "
+        "0 unsent at stop), 10 exported, in the last 60 s",
+        "otlp: 5 spans lost (0 dropped with the export queue full, 5 not taken by the backend, "
+        "0 unsent at stop), 0 exported, in the last 60 s",
     ]
 
 
