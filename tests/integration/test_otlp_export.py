@@ -25,6 +25,7 @@ from modeltap.proxy.server import Proxy
 from modeltap.records import otlp
 from tests.factories import ASK, BASH_TOOL, exchange, recorded
 from tests.integration.conftest import records
+from tests.integration.test_proxy_sdks import BASH_ANTHROPIC
 from tests.otlp_receiver import Receiver
 from tests.standins.areal import ArealStandIn
 
@@ -35,11 +36,6 @@ OTEL_VARIABLES = (
     "OTEL_SERVICE_NAME",
     "OTEL_RESOURCE_ATTRIBUTES",
 )
-BASH_ANTHROPIC = {
-    "name": "bash",
-    "description": BASH_TOOL["function"]["description"],
-    "input_schema": BASH_TOOL["function"]["parameters"],
-}
 # Far above otlp.SHUTDOWN_TIMEOUT_S: a stop that waited on the backend would blow it.
 STOP_BOUND_S = 60.0
 
