@@ -53,9 +53,16 @@ def select(only: str | None) -> list[Configuration]:
 @contextmanager
 def stand_in_upstream(workdir: Path) -> Iterator[str]:
     """The stand-in upstream (benchmarks/stand_in.py) running for the block; yields its base URL."""
+    with local_server("stand_in", workdir) as url:
+        yield url
+
+
+@contextmanager
+def local_server(module: str, workdir: Path) -> Iterator[str]:
+    """`python -m benchmarks.MODULE --port N` running for the block; yields its base URL."""
     port = free_port()
     service = start(
-        "stand-in", [sys.executable, "-m", "benchmarks.stand_in", "--port", str(port)], workdir, cwd=REPO
+        module, [sys.executable, "-m", f"benchmarks.{module}", "--port", str(port)], workdir, cwd=REPO
     )
     try:
         wait_listening(service, port)
