@@ -113,18 +113,24 @@ class Serving:
 
 @contextmanager
 def serving(
-    areal: ArealStandIn, phoenix: Phoenix, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    areal: ArealStandIn,
+    phoenix: Phoenix,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    content: bool = False,
 ) -> Iterator[Serving]:
-    """`modeltap serve --otlp-endpoint PHOENIX` into a project of its own (the x-project-name header
-    Phoenix routes by, set the OpenTelemetry way); stopped with SIGTERM, which flushes the spans."""
+    """`modeltap serve --otlp-endpoint PHOENIX [--otlp-content]` into a project of its own (the
+    x-project-name header Phoenix routes by, set the OpenTelemetry way); stopped with SIGTERM, which
+    flushes the spans."""
     project = f"modeltap-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-project-name={project}")
     store = tmp_path / "records.db"
-    proc, lines = start_serve(
-        ["--upstream", areal.url, "--admin-key", ADMIN_KEY, "--otlp-endpoint", phoenix.url], store
-    )
+    args = ["--upstream", areal.url, "--admin-key", ADMIN_KEY, "--otlp-endpoint", phoenix.url]
+    proc, lines = start_serve([*args, "--otlp-content"] if content else args, store)
     report = "\n".join(lines)
-    assert f"spans     {phoenix.url}/v1/traces (without prompts and replies)" in report, report
+    shown = "with" if content else "without"
+    assert f"spans     {phoenix.url}/v1/traces ({shown} prompts and replies)" in report, report
     port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", report).group(1))  # type: ignore[union-attr]
     try:
         yield Serving(port, project, store)

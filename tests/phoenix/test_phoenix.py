@@ -1,7 +1,8 @@
 """modeltap's spans in a real tracing backend: `modeltap serve --otlp-endpoint` in front of the AReaL
 stand-in, driven by the openai and anthropic SDKs and by opencode, read back from Arize Phoenix with its
-own client. Phoenix must take every span, understand it as an LLM call (its GenAI conversion), group
-the spans of a modeltap session as one Phoenix session, and keep the streams' time to first chunk."""
+own client. Phoenix must take every span, understand it as an LLM call (its GenAI conversion), read the
+messages `--otlp-content` adds, group the spans of a modeltap session as one Phoenix session, and keep
+the streams' time to first chunk."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from modeltap.records.store import StoreReader
 from tests.agents import run_opencode
+from tests.factories import ASK
 from tests.integration.test_otlp_export import sdk_turns
 from tests.phoenix.conftest import Phoenix, serving
 from tests.standins.areal import ArealStandIn
@@ -49,7 +51,7 @@ def assert_phoenix_understood(span: dict[str, Any], row: dict[str, Any], session
 def test_sdk_sessions_reach_phoenix_as_its_sessions_with_tokens_and_stream_timing(
     phoenix: Phoenix, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with ArealStandIn() as areal, serving(areal, phoenix, tmp_path, monkeypatch) as serve:
+    with ArealStandIn() as areal, serving(areal, phoenix, tmp_path, monkeypatch, content=True) as serve:
         sessions = [serve.open_session(areal, {"task_id": f"task-{n}"}) for n in (1, 2)]
         for session in sessions:
             asyncio.run(sdk_turns(session["base_url"], "unused"))
@@ -58,8 +60,12 @@ def test_sdk_sessions_reach_phoenix_as_its_sessions_with_tokens_and_stream_timin
     spans = by_exchange(read["spans"])
     assert len(rows) == len(spans) == 8
     for row in rows:
+        attrs = spans[row["id"]]["attributes"]
         assert_phoenix_understood(spans[row["id"]], row, row["session_id"])
-        assert spans[row["id"]]["attributes"]["modeltap.label.task_id"] == row["labels"]["task_id"]
+        assert attrs["modeltap.label.task_id"] == row["labels"]["task_id"]
+        # The content's JSON passed Phoenix's schema of the conventions' messages, OpenAI's and Anthropic's.
+        assert attrs["llm.input_messages.0.message.content"] == ASK["content"]
+        assert attrs["llm.output_messages.0.message.role"] == "assistant"
     in_phoenix = {s["session_id"]: s for s in read["sessions"]}
     assert sorted(in_phoenix) == sorted(s["id"] for s in sessions)
     for session in sessions:
