@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_overhead import Scenario
 from benchmarks.bodies import short_turn
 from benchmarks.configs import Modeltap
-from benchmarks.harness import RESULTS, Running, local_server, log, run_configs, with_proxy_cpu
-from benchmarks.load import run_load
-from benchmarks.report import fmt, preamble, table
+from benchmarks.harness import RESULTS, Running, interleaved, local_server, run_configs
+from benchmarks.report import fmt, preamble, save, table
 
 # Rounds per scenario: enough to see how much the same configuration moves from one round to the next.
 ROUNDS = 6
@@ -38,20 +38,16 @@ TIME_CAP_S = 30.0
 
 
 @dataclass(frozen=True)
-class Scenario:
-    """One timed load and the number it is judged on."""
+class Judged(Scenario):
+    """A scenario of the overhead benchmark, and the number of its summary it is judged on."""
 
-    key: str
-    concurrency: int
-    stream: bool
-    requests: int
-    metric: str
+    metric: str = "p50_ms"
 
 
 SCENARIOS = [
-    Scenario("c1", 1, False, 1200, "p50_ms"),
-    Scenario("c1_stream", 1, True, 1200, "ttfb_p50_ms"),
-    Scenario("c64", 64, False, 6000, "rps"),
+    Judged("c1", 1, False, 1200, "p50_ms"),
+    Judged("c1_stream", 1, True, 1200, "ttfb_p50_ms"),
+    Judged("c64", 64, False, 6000, "rps"),
 ]
 METRIC_NAMES = {"p50_ms": "latency p50 (ms)", "ttfb_p50_ms": "time to first byte p50 (ms)", "rps": "req/s"}
 
@@ -80,24 +76,11 @@ class ModeltapOtlp(Modeltap):
 
 async def measure(running: list[Running], rounds: int, divisor: int) -> None:
     """Every scenario against both configurations, a round at a time; each round's summary kept."""
-    body_for = short_turn()
-    for round_index in range(rounds):
-        shift = round_index % len(running)
-        for scenario in SCENARIOS:
-            for r in running[shift:] + running[:shift]:
-                requests = scenario.requests // divisor // rounds
-                log(f"  round {round_index + 1}/{rounds} {scenario.key} {r.config.name}: {requests} requests")
-                body = functools.partial(body_for, stream=scenario.stream)
-                load = run_load(
-                    r.started.target,
-                    body,
-                    requests,
-                    scenario.concurrency,
-                    scenario.stream,
-                    TIME_CAP_S / rounds,
-                )
-                run = await with_proxy_cpu(r.started, load)
-                r.row.setdefault("rounds", {}).setdefault(scenario.key, []).append(run.summary())
+    scenarios = interleaved(
+        running, SCENARIOS, rounds, lambda s: s.requests // divisor // rounds, short_turn(), TIME_CAP_S
+    )
+    async for r, scenario, run in scenarios:
+        r.row.setdefault("rounds", {}).setdefault(scenario.key, []).append(run.summary())
 
 
 def compare(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,10 +169,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for otlp.md and otlp.json")
     args = parser.parse_args()
     results = asyncio.run(run_all(args.quick))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "otlp.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "otlp.md").write_text(render(results))
-    print(render(results))
+    save(args.out, "otlp", results, render(results))
 
 
 if __name__ == "__main__":
