@@ -88,3 +88,16 @@ def test_an_exchange_before_start_or_after_close_is_counted_dropped() -> None:
     export = otlp.OtlpExport("http://127.0.0.1:9/v1/traces")
     export.on_exchange(exchange({"model": "m", "messages": [ASK]}, None))
     assert (export.tally.dropped, export.tally.queued) == (1, 0)
+
+
+def test_the_exporters_own_warnings_pass_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(otlp.time, "monotonic", lambda: now[0])
+    quieter = otlp._Quieter()
+    record = logging.LogRecord(otlp._EXPORTER_LOGGER, logging.WARNING, __file__, 1, "retrying", None, None)
+    passed = [quieter.filter(record)]
+    now[0] += otlp.REPORT_INTERVAL_S - 1
+    passed.append(quieter.filter(record))
+    now[0] += 1
+    passed.append(quieter.filter(record))
+    assert passed == [True, False, True]
