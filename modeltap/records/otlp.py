@@ -170,6 +170,7 @@ class _Mapper(SpanExporter):
     def __init__(self, exporter: SpanExporter, content: bool, tally: Tally) -> None:
         self._exporter, self._content, self._tally = exporter, content, tally
         self._resource = _resource()
+        self._stopped = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -192,7 +193,9 @@ class _Mapper(SpanExporter):
         return result
 
     def shutdown(self) -> None:
-        self._exporter.shutdown()
+        """Stop the OTLP exporter (once, from whichever thread asks first): its retries end at once."""
+        if self._stopped.acquire(blocking=False):
+            self._exporter.shutdown()
 
 
 class _Quieter(logging.Filter):
@@ -219,14 +222,15 @@ class OtlpExport:
         self.capacity = CONTENT_QUEUE_SPANS if content else QUEUE_SPANS
         self.tally = Tally()
         self._processor: SpanProcessor | None = None
+        self._mapper: _Mapper | None = None
         self._quieter = _Quieter()
 
     def start(self) -> None:
         """Start the batch processor's worker thread."""
-        exporter = _Mapper(OTLPSpanExporter(endpoint=self.endpoint), self.content, self.tally)
+        self._mapper = _Mapper(OTLPSpanExporter(endpoint=self.endpoint), self.content, self.tally)
         batch = CONTENT_BATCH_SPANS if self.content else None
         self._processor = BatchSpanProcessor(
-            exporter, max_queue_size=self.capacity, max_export_batch_size=batch
+            self._mapper, max_queue_size=self.capacity, max_export_batch_size=batch
         )
         logging.getLogger(_EXPORTER_LOGGER).addFilter(self._quieter)
 
@@ -251,8 +255,9 @@ class OtlpExport:
     async def close(self) -> None:
         """Stop taking spans and send those waiting, for at most SHUTDOWN_TIMEOUT_S: the processor's
         shutdown blocks while the backend is down, so it runs on a daemon thread, left behind if late."""
-        processor, self._processor = self._processor, None
-        if processor is None:
+        processor, mapper = self._processor, self._mapper
+        self._processor = self._mapper = None
+        if processor is None or mapper is None:
             return
         stopped: Future[None] = Future()
         thread = threading.Thread(
@@ -262,6 +267,7 @@ class OtlpExport:
         try:
             await asyncio.wait_for(asyncio.wrap_future(stopped), SHUTDOWN_TIMEOUT_S)
         except TimeoutError:
+            mapper.shutdown()  # the worker gives up its retries instead of outliving the stop
             self.tally.abandoned = self.tally.waiting
             log.warning(
                 "otlp: %s did not take the last %d spans in %g s",
