@@ -57,8 +57,8 @@ def build_app(
     session URLs; by default they are derived from the configured host and port. The observers are
     the record store, then OTLP export (when asked for), then those `config.observers` names, then
     `extra_observers`."""
-    store = RecordStore(config.store_path, keep_raw_sse=config.keep_raw_sse, sync=config.sync)
     exports = _otlp(config)
+    store = RecordStore(config.store_path, keep_raw_sse=config.keep_raw_sse, sync=config.sync)
     seam = observers.Observers(
         [store, *exports, *(observers.load(spec) for spec in config.observers), *extra_observers]
     )
