@@ -28,11 +28,11 @@ from aiohttp import web
 from modeltap import __version__
 from modeltap.compat import doctor
 from modeltap.completion import SHELLS, script
-from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
+from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.records.console import ConsoleLog
-from modeltap.records.export import FORMATS, write_export
+from modeltap.records.export import FORMATS, send_otlp, write_export
 from modeltap.records.mock import load_mock, mock_app
 from modeltap.records.replay import comparison_text, replay
 from modeltap.records.store import StoreReader
@@ -60,7 +60,8 @@ EPILOG_TAIL = """example (in a second terminal while `modeltap serve` runs):
 EPILOG_EXPORT = """examples:
   modeltap export s-3f2a --format har -o run.har      open in Chrome DevTools (Network > Import HAR)
   modeltap export s-3f2a --format jsonl               one exchange per line, with "format_version"
-  modeltap export s-3f2a --format messages >> sft.jsonl   the final conversation and its tools"""
+  modeltap export s-3f2a --format messages >> sft.jsonl   the final conversation and its tools
+  modeltap export --all --format otlp --otlp-endpoint http://collector:4318   spans, at their times"""
 EPILOG_REPLAY = """example:
   modeltap replay s-3f2a --upstream http://127.0.0.1:8000 --turn 3
 the replay is recorded as a new session labelled replay_of=SESSION; exit status 1 when a turn differs"""
@@ -142,11 +143,17 @@ def _parser() -> argparse.ArgumentParser:
     _json_option(tail)
 
     export = _command(
-        commands, "export", _export, "write a session as HAR, JSON lines or SFT messages", EPILOG_EXPORT
+        commands,
+        "export",
+        _export,
+        "write a session as HAR, JSON lines or SFT messages, or send it to a tracing backend",
+        EPILOG_EXPORT,
     )
-    export.add_argument("session", help="session id, or its first characters")
+    export.add_argument("session", nargs="?", help="session id, or its first characters")
+    export.add_argument("--all", action="store_true", help="every session (with --format otlp)")
     export.add_argument("--format", choices=FORMATS, default="har", help="output format (default har)")
     export.add_argument("-o", "--output", help="file to write (default stdout)")
+    _config_flags(export, ("otlp_endpoint", "otlp_content"))
     _store_option(export)
 
     replay_ = _command(
@@ -350,6 +357,10 @@ def _tail(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     with StoreReader(_store_path(args)) as reader:
+        if args.format == "otlp":
+            return _send_otlp(reader, args)
+        if args.all or args.session is None:
+            raise ValueError("give a SESSION (--all goes with --format otlp)")
         session_id = resolve_session(reader, args.session)
         if args.output is None:
             write_export(reader, session_id, args.format, sys.stdout)
@@ -357,6 +368,21 @@ def _export(args: argparse.Namespace) -> int:
         with open(args.output, "w", encoding="utf-8") as out:
             write_export(reader, session_id, args.format, out)
     print(f"wrote session {session_id} as {args.format} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _send_otlp(reader: StoreReader, args: argparse.Namespace) -> int:
+    config = ProxyConfig.from_sources(
+        {"otlp_endpoint": args.otlp_endpoint, "otlp_content": args.otlp_content}
+    )
+    endpoint = otlp_traces_endpoint(config)
+    if endpoint is None:
+        raise ValueError("--format otlp needs --otlp-endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT)")
+    if args.all == (args.session is not None):
+        raise ValueError("give a SESSION or --all")
+    sessions = [s["id"] for s in reader.sessions()] if args.all else [resolve_session(reader, args.session)]
+    sent = send_otlp(reader, sessions, endpoint, content=config.otlp_content)
+    print(f"sent {sent} spans of {len(sessions)} session(s) to {endpoint}", file=sys.stderr)
     return 0
 
 
