@@ -138,6 +138,7 @@ async def test_sdk_traffic_arrives_as_spans_with_exact_attributes(
             "server.address": "127.0.0.1",
             "server.port": port,
             "modeltap.label.task_id": "t1",
+            "modeltap.label.client": f"{provider}-python",
         }
         if provider == "anthropic":
             expected["gen_ai.request.max_tokens"] = 256
