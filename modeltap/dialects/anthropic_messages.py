@@ -193,6 +193,8 @@ class Messages(Dialect):
     history_field = "messages"
     context_fields = ("tools", "system")
     system_field = "system"
+    operation = "chat"
+    provider = "anthropic"
     request_headers: ClassVar[Mapping[str, str]] = {"anthropic-version": ANTHROPIC_VERSION}
 
     def credential_headers(self, key: str) -> dict[str, str]:
@@ -205,11 +207,13 @@ class Messages(Dialect):
         return {"type": "error", "error": {"type": error.anthropic_type, "message": error.message}}
 
     def context_overflow(
-        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int
+        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int, note: str = ""
     ) -> ApiError:
         """Anthropic's refusal, on which Claude Code stops with "Prompt is too long" (docs/agents.md §4.4):
-        the prompt against the most prompt tokens that leave room for the completion."""
-        return ApiError(f"prompt is too long: {prompt_tokens} tokens > {max_prompt_tokens} maximum")
+        the prompt against the most prompt tokens that leave room for the completion, then `note`."""
+        return ApiError(
+            f"prompt is too long: {prompt_tokens} tokens > {max_prompt_tokens} maximum. {note}".rstrip()
+        )
 
     def areal_body(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The body AReaL can render, or None when it needs no change (compat.areal)."""
@@ -264,6 +268,10 @@ class Messages(Dialect):
             for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
                 prompt += as_int(usage.get(cached)) or 0
         return prompt, as_int(usage.get("output_tokens"))
+
+    def cache_usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        usage = as_dict(reply.get("usage"))
+        return as_int(usage.get("cache_read_input_tokens")), as_int(usage.get("cache_creation_input_tokens"))
 
     def conversation(
         self,

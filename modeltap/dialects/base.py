@@ -15,7 +15,9 @@ A dialect answers, for its format:
   served model's chat template renders;
 - streams: `assembler` (rebuild the final body from events) and `synthesise` (the events of a body);
 - records: `summary` (finish reason, reply, tool calls, usage), `new_messages` (what a turn added),
-  `conversation` (the exchange as OpenAI chat messages) and `tool_call_parse_failure`.
+  `conversation` (the exchange as OpenAI chat messages) and `tool_call_parse_failure`;
+- traces: `operation` and `provider`, the format's names in the OpenTelemetry GenAI conventions
+  (docs/otel.md).
 
 Adding a format: write `modeltap/dialects/<format>.py` with a `Dialect` subclass overriding what the
 format has (the defaults say "nothing of that kind"), end it with `DIALECT = MyFormat()`, and add that
@@ -84,6 +86,10 @@ class Summary:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     model: str | None = None
+    cache_read_tokens: int | None = None
+    """Prompt tokens served from the provider's cache (part of `prompt_tokens`)."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the provider's cache (part of `prompt_tokens`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +145,11 @@ class Dialect:
     """Whether its answer is the prompt's token count, which modeltap can give itself."""
     request_headers: ClassVar[Mapping[str, str]] = {}
     """Headers a request of this format needs besides its body (a replay sends them)."""
+    operation: ClassVar[str | None] = None
+    """The call's `gen_ai.operation.name` in the GenAI conventions (docs/otel.md): "chat",
+    "text_completion", "embeddings"; None for a format that calls no model."""
+    provider: ClassVar[str] = "openai"
+    """Whose API the format is, as `gen_ai.provider.name` names it (docs/otel.md)."""
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -161,16 +172,17 @@ class Dialect:
         }
 
     def context_overflow(
-        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int
+        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int, note: str = ""
     ) -> ApiError:
         """The refusal of a prompt that does not fit: OpenAI's `context_length_exceeded`, whose text
-        agents compact on (docs/token-budgets.md §4). `limit` is the most prompt + completion tokens,
-        `max_prompt_tokens` the most prompt tokens that leave room for the completion."""
+        agents compact on (docs/token-budgets.md §4), then `note`. `limit` is the most prompt +
+        completion tokens, `completion_tokens` what the client asked for (0: none), `max_prompt_tokens`
+        the most prompt tokens that leave room for the completion."""
         return ApiError(
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, "
             f"{completion_tokens} in the completion). Please reduce the length of the messages or "
-            "completion.",
+            f"completion. {note}".rstrip(),
             code="context_length_exceeded",
             param="messages",
         )
@@ -235,6 +247,13 @@ class Dialect:
         usage = as_dict(reply.get("usage"))
         return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
 
+    def cache_usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(read from, written to) the provider's prompt cache: OpenAI reports only what it read, as
+        `prompt_tokens_details.cached_tokens` (Responses: `input_tokens_details`)."""
+        usage = as_dict(reply.get("usage"))
+        details = as_dict(usage.get("prompt_tokens_details") or usage.get("input_tokens_details"))
+        return as_int(details.get("cached_tokens")), None
+
     def summary(self, request: Any, response: Any) -> Summary:
         """The exchange at a glance.
 
@@ -251,7 +270,10 @@ class Dialect:
         model = as_str(reply.get("model"))
         if model is None or model in _NO_MODEL:
             model = as_str(as_dict(request).get("model"))
-        return Summary(finish_reason, text, tool_calls, prompt_tokens, completion_tokens, model)
+        cache_read, cache_write = self.cache_usage(reply)
+        return Summary(
+            finish_reason, text, tool_calls, prompt_tokens, completion_tokens, model, cache_read, cache_write
+        )
 
     def new_messages(self, request: Any, previous: Any) -> list[Any]:
         """The messages `request` added against `previous`, the request of the turn it continues.

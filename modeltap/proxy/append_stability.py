@@ -46,8 +46,17 @@ PROOFS_MAX = 64
 Shape = tuple[str, bool, bool]
 _THINK_TAGS = ("<think>", "</think>")
 
-# A render fails in a template's own words (raise_exception) or on input it cannot handle.
-RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError)
+# A render fails in a template's own words (raise_exception) or on input it cannot handle; a body nested
+# deeper than the template (or the copy of its data) can walk raises RecursionError, and passes uncounted.
+RENDER_ERRORS = (
+    jinja2.TemplateError,
+    TypeError,
+    ValueError,
+    KeyError,
+    AttributeError,
+    IndexError,
+    RecursionError,
+)
 
 
 class Delta(NamedTuple):

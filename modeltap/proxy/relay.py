@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 import zlib
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from modeltap.proxy.errors import (
     UpstreamUnreachable,
     error_bytes,
 )
+from modeltap.proxy.naming import NamingError, names_for
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.upstream import Reply, Upstream
@@ -86,11 +86,8 @@ INFLATE_SLICE_BYTES = 1024 * 1024
 UPSTREAM_ACCEPT_ENCODING = "gzip, deflate"
 # Response headers that describe the upstream's encoding or framing, which the relay changes.
 _RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}
-# Session hints agents already send (docs/peers.md §6): they group anonymous traffic by agent run.
-_SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
-_HINT_SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-# Traffic with no session token and no client hint; distinct from the "default" session `serve` opens.
-ANONYMOUS_SESSION = "anonymous"
+# The header every budgeted answer carries: what the budget decided, in a few characters.
+BUDGET_HEADER = "x-modeltap-budget"
 _SESSION_GONE = (
     "this session token is unknown, expired or closed: ask whoever gave you the URL for a new session"
 )
@@ -181,12 +178,21 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
     if request.method != dialect.method:
         raise MethodNotAllowed(f"use {dialect.method} for {dialect.route}, not {request.method}")
     target = _identify(ctx, request, route)
-    if target.session is not None:
-        _note_session(flow, target.session)
-    else:
-        draft.session_id = _session_hint(request)
+    _note_session(flow, target.session)
     authenticated = target.session is not None or ctx.loopback_only
     body = await _read_body(flow, authenticated) if dialect.method == "POST" else None
+    try:
+        names = names_for(
+            request.headers,
+            target.session,
+            loopback_only=ctx.loopback_only,
+            anonymous=ctx.anonymous,
+            dialect=dialect,
+            body=body,
+        )
+    except NamingError as exc:
+        raise BadRequest(str(exc)) from None
+    draft.session_id, draft.labels = names.session_id, names.labels
     if dialect.counts_prompt and ctx.budget is not None and body is not None:
         return web.json_response(await ctx.budget.count_answer(dialect, body))
     payload = draft.request if body is not None else None
@@ -298,14 +304,6 @@ def _note_session(flow: _Flow, session: Session | None) -> None:
         flow.draft.session_id, flow.draft.labels = session.id, dict(session.labels)
 
 
-def _session_hint(request: web.Request) -> str:
-    for header, client in _SESSION_HINTS:
-        value = request.headers.get(header)
-        if value and _HINT_SAFE.match(value):
-            return f"{client}:{value}"
-    return ANONYMOUS_SESSION
-
-
 async def _read_body(flow: _Flow, authenticated: bool) -> dict[str, Any]:
     """The body, read once and parsed once, kept as received (inflated) for the record. A compressed
     body is inflated only for an `authenticated` caller (a session token, or a loopback listener), off
@@ -413,8 +411,18 @@ def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) ->
     return out
 
 
-def _response_headers(reply: Reply) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+def _response_headers(flow: _Flow, reply: Reply) -> CIMultiDict[str]:
+    """The upstream's headers less those that described its framing, and the budget's decision."""
+    kept = ((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+    headers: CIMultiDict[str] = CIMultiDict(kept)
+    headers.update(_budget_header(flow))
+    return headers
+
+
+def _budget_header(flow: _Flow) -> dict[str, str]:
+    """`x-modeltap-budget: clamped 4000->3086` on every answer the budget decided on."""
+    budget = flow.draft.budget
+    return {BUDGET_HEADER: budget["summary"]} if budget else {}
 
 
 async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Response:
@@ -426,7 +434,7 @@ async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Resp
     status = reply.response.status
     if status >= 400:
         draft.fail(classify(status, body), parse_error(status, body).message[:RESPONSE_TEXT_MAX_CHARS])
-    return web.Response(status=status, body=body, headers=_response_headers(reply))
+    return web.Response(status=status, body=body, headers=_response_headers(flow, reply))
 
 
 async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.StreamResponse:
@@ -436,9 +444,8 @@ async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.St
     draft.streamed = True
     assembler = StreamAssembler(flow.dialect)
     raw: list[bytes] | None = [] if flow.ctx.config.keep_raw_sse else None
-    response = flow.stream = web.StreamResponse(
-        status=reply.response.status, headers=_response_headers(reply)
-    )
+    headers = _response_headers(flow, reply)
+    response = flow.stream = web.StreamResponse(status=reply.response.status, headers=headers)
     await response.prepare(request)
     upstream_broke = False
     try:
@@ -485,13 +492,17 @@ def _client_left(draft: ExchangeDraft) -> None:
 
 
 def _error_response(flow: _Flow, err: ProxyError) -> web.Response:
-    """A proxy-made error in the client's dialect, noted on the record."""
+    """A proxy-made error in the client's dialect, noted on the record. A message that quotes the
+    request (a path, a field) has any known session token in it masked."""
+    err.message = flow.ctx.sessions.mask(err.message)
     draft = flow.draft
     draft.status = err.status
     draft.fail(err.error_class, err.message)
     body = error_bytes(err, flow.dialect)
     draft.response = json.loads(body)
-    return web.Response(status=err.status, body=body, content_type="application/json")
+    return web.Response(
+        status=err.status, body=body, content_type="application/json", headers=_budget_header(flow)
+    )
 
 
 def _unexpected(flow: _Flow, exc: Exception) -> web.StreamResponse:
