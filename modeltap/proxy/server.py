@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import importlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -43,6 +44,10 @@ SHUTDOWN_TIMEOUT_S = 10.0
 # of 128, 2,000 agents connecting together overflowed it 132 times (a dropped SYN is retried 1 s later):
 # benchmarks/load_sessions.py. The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 4096
+
+# What `pip install 'modeltap[budget]'` adds (pyproject.toml): the chat template's, the tokenizer's and
+# the fast encoder's libraries.
+_BUDGET_EXTRA = frozenset({"jinja2", "tokenizers", "tiktoken"})
 
 BaseUrls = Callable[[], tuple[str, str | None]]
 # Every path, a percent-encoded newline included (`.*` stops at one, and aiohttp would answer such a
@@ -125,13 +130,15 @@ async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
         return None, "off (--budget off)"
     if config.tokenizer is None:
         return None, "off (no --tokenizer: modeltap counts only with the served model's own tokenizer)"
-    # transformers takes seconds to import: only a proxy that counts pays for it.
+    _require_budget_extra()
     from modeltap.proxy.budget import Budget, Limits, discover_limits
     from modeltap.proxy.tokens import TokenCounter
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
     # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
     areal = config.layout == "areal"
+    # Off the loop: a first load reads the vocabulary for a second or two (a later one, of the same
+    # folder in this process, is shared: tokens.SHARED).
     counter = await asyncio.to_thread(
         TokenCounter.load,
         config.tokenizer,
@@ -149,6 +156,19 @@ async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
     limits = Limits(context_length, config.engine_max_tokens, config.reserve, sources)
     budget = Budget(counter, limits, config.budget, config.min_completion_tokens)
     return budget, f"{config.budget} with {config.tokenizer}: {limits.describe()}"
+
+
+def _require_budget_extra() -> None:
+    """Import the budget's libraries (the `budget` extra, ~15 MB, loaded only by a proxy that counts),
+    or raise RuntimeError saying what to install."""
+    for name in sorted(_BUDGET_EXTRA):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            raise RuntimeError(
+                f"--tokenizer needs the budget's dependencies ({name} is not installed): "
+                "pip install 'modeltap[budget]'"
+            ) from exc
 
 
 async def _expire_sessions(ctx: ProxyContext) -> None:
