@@ -270,11 +270,23 @@ def classify(status: int, body: bytes | str | Mapping[str, Any] | None) -> Error
 # limit), in the wordings of _OVERFLOW_PHRASES that carry numbers. A translated client gets its own
 # format's refusal with these numbers (Claude Code reads "prompt is too long: P tokens > L maximum").
 _OVERFLOW_NUMBERS = (
-    (re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens \((\d+) in"), 2, 1),
+    (
+        re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens \((\d+) in"),
+        2,
+        1,
+    ),
     (re.compile(r"maximum context length is (\d+) tokens\. However, your messages resulted in (\d+)"), 2, 1),
     (re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (\d+)"), 2, 1),
-    (re.compile(r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"), 1, 2),
-    (re.compile(r"maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: (\d+)"), 2, 1),
+    (
+        re.compile(r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"),
+        1,
+        2,
+    ),
+    (
+        re.compile(r"maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: (\d+)"),
+        2,
+        1,
+    ),
     (re.compile(r"len of prompt tokens (\d+) exceeds (?:max_total_tokens|engine_max_tokens) (\d+)"), 1, 2),
     (re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum"), 1, 2),
 )

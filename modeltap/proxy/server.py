@@ -109,7 +109,7 @@ async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
     # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
-    areal = config.layout == "areal"
+    areal = config.layout in ("areal", "areal-gateway")
     counter = await asyncio.to_thread(
         TokenCounter.load,
         config.tokenizer,
