@@ -264,7 +264,7 @@ async def _send(flow: _Flow, target: Target, route: Route, payload: bytes | None
         dialect,
         request.method,
         _forwarded_query(flow),
-        _upstream_headers(request, target, dialect),
+        _upstream_headers(request, target, dialect, translated=dialect is not flow.dialect),
         payload,
         # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
         f"/{quote(route.item, safe='')}" if route.item else "",
@@ -433,9 +433,13 @@ def _is_json_type(content_type: str) -> bool:
     return content_type == "application/json" or content_type.endswith("+json")
 
 
-def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) -> CIMultiDict[str]:
+def _upstream_headers(
+    request: web.Request, target: Target, dialect: Dialect, translated: bool = False
+) -> CIMultiDict[str]:
     """The client's headers less hop-by-hop ones (those `Connection` names too, RFC 9110 §7.6.1), path
-    overrides and the body's encoding, with the upstream's credentials."""
+    overrides and the body's encoding, with the upstream's credentials. A translated request carries
+    the client's own key, when it is passed through, where `dialect` (chat) puts keys: Claude Code's
+    x-api-key would be refused by a server that reads only Bearer (AReaL's gateway, docs/areal.md §1.2)."""
     named = {
         token.strip().lower()
         for token in request.headers.getall(hdrs.CONNECTION, ())
@@ -449,8 +453,13 @@ def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) ->
             continue
         out.add(name, value)
     out[hdrs.ACCEPT_ENCODING] = UPSTREAM_ACCEPT_ENCODING
-    if target.key is not None:
-        out.update(dialect.credential_headers(target.key))
+    key = target.key
+    if key is None and translated and target.pass_client_credentials:
+        key = presented_key(request.headers)
+        for name in _CREDENTIALS - {"cookie"}:
+            out.popall(name, None)
+    if key is not None:
+        out.update(dialect.credential_headers(key))
     return out
 
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from modeltap import dialects
+from modeltap.compat.layouts import LAYOUT_HELP, serves
 from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.context import CONTEXT, ProxyContext
@@ -257,15 +259,17 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
     """What `modeltap serve` prints at start: where it listens, what it forwards to, and the base URLs
     to paste into agents running on this host and in Docker containers."""
     config = proxy.config
-    layouts = {
-        "auto": "auto (tries /v1/… first, then the bare path, and remembers per endpoint)",
-        "areal": "areal (chat and responses at the bare path, messages at /v1/messages)",
-        "openai": "openai (everything under /v1)",
-    }
+    translated = [d.route for d in dialects.DIALECTS if d.translates and not serves(config.layout, d.route)]
     lines = [
         f"modeltap listening on {config.host}:{proxy.port}",
         f"  upstream  {config.upstream or '(none: sessions name their own)'}",
-        f"  layout    {layouts[config.layout]}",
+        f"  layout    {config.layout} ({LAYOUT_HELP[config.layout]})",
+        "  translated "
+        + (
+            "through chat: " + ", ".join(f"/v1/{route}" for route in translated)
+            if translated
+            else "none" + (" until an endpoint answers 404 at every path" if config.layout == "auto" else "")
+        ),
         f"  records   {config.store}",
         f"  budget    {proxy.context.budget_report}",
         f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",
