@@ -371,7 +371,7 @@ def build_app(config: OpenAILikeConfig) -> web.Application:
     """The vLLM / SGLang stand-in app for `config`."""
     dialect = Dialect(
         name=config.flavor,
-        model_paths=MODEL_PATHS,
+        model_paths=MODEL_PATHS - {"/v1/responses"} if config.chat_only else MODEL_PATHS,
         route_error=fastapi_route_error,
         fault_error=_fault_error(config.flavor),
         broken_sse=openai_wire.BROKEN_SSE,
