@@ -187,7 +187,8 @@ def serving(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     upstream = UPSTREAMS[request.param]
     store = tmp_path_factory.mktemp(request.param) / "records.db"
     with upstream.start() as standin:
-        proc, lines = start_serve(["--upstream", standin.url, "--layout", upstream.layout], store)
+        # --sync: each record is committed before its response ends, so a cell reads all of its own.
+        proc, lines = start_serve(["--upstream", standin.url, "--layout", upstream.layout, "--sync"], store)
         report = "\n".join(lines)
         port = re.search(r"listening on 0\.0\.0\.0:(\d+)", report)
         admin = re.search(r"Authorization: Bearer (\S+)", report)
