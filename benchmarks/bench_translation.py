@@ -4,10 +4,12 @@ Owns: the translation run of ``make bench``: one ``modeltap serve --layout chat-
 budget on) in front of the stand-in upstream, which serves chat only; the same short turn sent as
 OpenAI chat (relayed as it is) and as Anthropic Messages (translated to chat and back, chunk by chunk),
 streamed and not, at concurrency 1, interleaved in rounds; direct chat to the stand-in as the
-baseline. Reported: latency and time to first byte, what translation adds over the untranslated
-exchange through the same proxy, and the goals (under 0.3 ms at c=1; no buffering: a translated
-stream's first byte comes as soon as an untranslated one's, while the stand-in spreads its chunks over
-STREAM_CONTENT_CHUNKS - 1 gaps). Written to ``benchmarks/results/translation.{md,json}``.
+baseline. Reported: latency, time to first byte and modeltap's CPU time per request, what
+translation adds over the untranslated exchange through the same proxy, and the goals: translation
+adds under 0.3 ms at c=1 (judged on CPU time per request, which other work on a shared machine hardly
+moves, and shown on p50 latency too), and it never buffers a stream (a translated stream's first byte
+comes before the stand-in has even sent its later chunks, STREAM_CONTENT_CHUNKS - 1 gaps apart).
+Written to ``benchmarks/results/translation.{md,json}``.
 
     .venv-bench/bin/python -m benchmarks.bench_translation [--quick]
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 from benchmarks.bodies import SYSTEM_PROMPT, short_turn
 from benchmarks.configs import Direct, Modeltap
-from benchmarks.harness import RESULTS, Running, log, run_configs
+from benchmarks.harness import RESULTS, Running, log, run_configs, with_proxy_cpu
 from benchmarks.load import Run, Target, run_load
 from benchmarks.processes import HOST
 from benchmarks.report import fmt, preamble, table
@@ -82,7 +84,8 @@ async def measure(running: list[Running], quick: bool, results: dict[str, Any]) 
                 for route, (target, body_for) in routes(r).items():
                     log(f"  round {round_index + 1}/{rounds} {r.config.name} {route} stream={stream}")
                     body = functools.partial(body_for, stream=stream)
-                    run = await run_load(target, body, requests, 1, stream, TIME_CAP_S)
+                    load = run_load(target, body, requests, 1, stream, TIME_CAP_S)
+                    run = await with_proxy_cpu(r.started, load)
                     runs.setdefault((r.config.name, route, stream), Run()).merge(run)
     results["runs"] = [
         {"config": name, "route": route, "stream": stream, **run.summary()}
@@ -104,39 +107,46 @@ def _minus(a: float | None, b: float | None) -> float | None:
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The translation goals, each with the numbers it was judged on."""
+    translated, relayed = "messages (translated)", "chat"
     checks = []
     for stream in (False, True):
-        added = _minus(
-            _value(results, "modeltap", "messages (translated)", stream, "p50_ms"),
-            _value(results, "modeltap", "chat", stream, "p50_ms"),
-        )
         label = "streamed" if stream else "non-streamed"
-        checks.append(
-            {
-                "goal": f"translation adds under {ADDED_GOAL_MS} ms p50 at c=1 ({label})",
-                "value": added,
-                "limit": ADDED_GOAL_MS,
-            }
-        )
-    ttfb = _minus(
-        _value(results, "modeltap", "messages (translated)", True, "ttfb_p50_ms"),
-        _value(results, "modeltap", "chat", True, "ttfb_p50_ms"),
-    )
-    gaps_ms = (STREAM_CONTENT_CHUNKS - 1) * STREAM_GAP_S * 1000
+        for key, what in (("cpu_ms_per_request", "modeltap CPU per request"), ("p50_ms", "p50 latency")):
+            added = _minus(
+                _value(results, "modeltap", translated, stream, key),
+                _value(results, "modeltap", relayed, stream, key),
+            )
+            checks.append(
+                {
+                    "goal": f"translation adds under {ADDED_GOAL_MS} ms of {what} at c=1 ({label})",
+                    "value": added,
+                    "limit": ADDED_GOAL_MS,
+                }
+            )
+    gaps_ms = round((STREAM_CONTENT_CHUNKS - 1) * STREAM_GAP_S * 1000, 3)
+    total = _value(results, "modeltap", translated, True, "p50_ms")
     checks.append(
         {
-            "goal": f"no buffering: a translated stream's first byte within {ADDED_GOAL_MS} ms of an "
-            f"untranslated one's (holding the stream back would add its {gaps_ms:g} ms of chunk gaps)",
-            "value": ttfb,
-            "limit": ADDED_GOAL_MS,
+            "goal": "no buffering: a translated stream's first byte (p50) comes at least the stand-in's "
+            f"{gaps_ms:g} ms of chunk gaps before its end (p50): the limit is the end less the gaps",
+            "value": _value(results, "modeltap", translated, True, "ttfb_p50_ms"),
+            "limit": None if total is None else round(total - gaps_ms, 3),
         }
     )
     for check in checks:
-        check["met"] = None if check["value"] is None else check["value"] <= check["limit"]
+        check["met"] = (
+            None if check["value"] is None or check["limit"] is None else check["value"] <= check["limit"]
+        )
     return checks
 
 
-COLUMNS = [("p50", "p50_ms"), ("p99", "p99_ms"), ("TTFB p50", "ttfb_p50_ms"), ("TTFB p99", "ttfb_p99_ms")]
+COLUMNS = [
+    ("p50", "p50_ms"),
+    ("p99", "p99_ms"),
+    ("TTFB p50", "ttfb_p50_ms"),
+    ("TTFB p99", "ttfb_p99_ms"),
+    ("proxy CPU / request", "cpu_ms_per_request"),
+]
 
 
 def report(results: dict[str, Any]) -> str:
