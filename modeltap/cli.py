@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
+import io
 import json
 import logging
 import os
@@ -27,11 +29,20 @@ from modeltap.compat import doctor
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
+from modeltap.records.console import ConsoleLog
 from modeltap.records.export import FORMATS, write_export
 from modeltap.records.replay import comparison_text, load_mock, mock_app, replay
 from modeltap.records.store import StoreReader
 from modeltap.records.ui import viewer_app
-from modeltap.records.view import follow, resolve_session, session_turns, sessions_table, turn_text, turns
+from modeltap.records.view import (
+    follow,
+    pretty,
+    resolve_session,
+    session_turns,
+    sessions_table,
+    turn_text,
+    turns,
+)
 
 EPILOG_SERVE = """example:
   modeltap serve --upstream http://10.0.0.5:41235 --port 8080
@@ -61,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `modeltap` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    # Records keep what agents sent, a lone surrogate included: printed as its escape, never a crash.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     # modeltap uses transformers for tokenizers only; its "PyTorch was not found" advice is noise here.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(
@@ -90,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
         commands, "serve", _serve, "run the recording proxy in front of an upstream", EPILOG_SERVE
     )
     _config_flags(serve)
+    serve.add_argument("--quiet", action="store_true", help="no line per exchange on stderr")
+    serve.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="more: each request line too"
+    )
 
     sessions = _command(
         commands, "sessions", _sessions, "list recorded sessions", "example:\n  modeltap sessions --json"
@@ -225,17 +244,28 @@ def _store_path(args: argparse.Namespace) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    flags = {k: v for k, v in vars(args).items() if k not in ("run", "command", "verbose", "json")}
-    config = ProxyConfig.from_sources(flags)
+    skipped = ("run", "command", "verbose", "json", "quiet")
+    config = ProxyConfig.from_sources({k: v for k, v in vars(args).items() if k not in skipped})
     if config.upstream is None:
         raise ValueError("give --upstream URL (or set MODELTAP_UPSTREAM)")
-    asyncio.run(_serve_until_signalled(config))
+    console = None if args.quiet else ConsoleLog(sys.stderr, verbose=args.verbose)
+    try:
+        asyncio.run(_serve_until_signalled(config, [console] if console else []))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {config.port} is in use: give another with --port N (--port 0 picks a free one)"
+            ) from None
+        raise ValueError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    finally:
+        if console is not None:
+            console.close()
     return 0
 
 
-async def _serve_until_signalled(config: ProxyConfig) -> None:
+async def _serve_until_signalled(config: ProxyConfig, observers: Sequence[object]) -> None:
     stop = _stop_on_signals()
-    async with Proxy(config) as proxy:
+    async with Proxy(config, observers=observers) as proxy:
         default = None
         if config.upstream_key and not is_loopback(config.host) and not config.lend_key_to_anonymous:
             default = proxy.sessions.open(session_id="default", labels={"opened_by": "serve"})
@@ -270,9 +300,9 @@ def _show(args: argparse.Namespace) -> int:
         if not 1 <= args.turn <= len(listed):
             raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
         turn = listed[args.turn - 1]
-        print(json.dumps(turn, indent=2, ensure_ascii=False) if args.json else turn_text(turn))
+        print(pretty(turn) if args.json else turn_text(turn))
     elif args.json:
-        print(json.dumps(listed, indent=2, ensure_ascii=False))
+        print(pretty(listed))
     else:
         print("\n\n".join(turn_text(t) for t in listed) if args.full else session_turns(session_id, rows))
     return 0

@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import logging
 import re
-import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import aiohttp
@@ -31,16 +31,16 @@ from tests.standins.script import Conversation, Reply, shell_arithmetic
 
 # AReaL's rollout client waits up to an hour for an episode (rollout.request_timeout, docs/areal.md §4.3).
 REQUEST_TIMEOUT_S = 3600.0
-# How often the lag probe wakes up.
-PROBE_INTERVAL_S = 0.01
-# No step of the caller's loop may hold it longer than this during a run.
-MAX_LOOP_BLOCK_S = 0.050
-# A timer on the caller's loop may fire later than that: its thread shares the GIL with the adapter's
-# threads and, on the 2-core CI machine shared with other jobs, waits for a CPU (up to 54 ms measured
-# at load 9 with no slow step at all). A blocking docker call or a long C call holding the GIL would
-# still show here as hundreds of milliseconds.
-MAX_LOOP_DELAY_S = 0.250
-_SLOW_STEP = re.compile(r"took (\d+\.\d+) seconds")
+# What the adapter must never run on the caller's thread (AReaL's event loop): each blocks it. Python
+# functions by the file that holds them, C functions by module and name.
+BLOCKING_FILES = (
+    "site-packages/docker/",
+    "site-packages/requests/",
+    "site-packages/urllib3/",
+    "/subprocess.py",
+    "/modeltap/adapter/sandbox.py",
+)
+BLOCKING_C_CALLS = {("time", "sleep"), ("posix", "waitpid"), ("posix", "read")}
 
 
 @dataclass
@@ -138,65 +138,26 @@ async def _episode(
     return Sample(index, reward, False, error, exported["interactions"])
 
 
-@dataclass
-class LoopLag:
-    """What the probe saw on the caller's loop: the longest single step that held the loop (asyncio's
-    debug-mode slow-callback check) and the longest delay of a timer (which also counts time the
-    thread waited for the GIL or for a CPU)."""
+@contextlib.contextmanager
+def blocking_calls_probe() -> Iterator[list[str]]:
+    """Every blocking call made on this thread (the caller's event loop, AReaL's in the adapter's
+    tests) while the block runs: docker and HTTP-client code, subprocesses, sleeps, SQLite. A
+    per-thread profiler sees each call, so the check does not depend on how loaded the machine is."""
+    seen: list[str] = []
 
-    longest_step_s: float = 0.0
-    longest_delay_s: float = 0.0
-    wakeups: int = 0
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and any(part in frame.f_code.co_filename for part in BLOCKING_FILES):
+            seen.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+        elif event == "c_call":
+            module, name = getattr(arg, "__module__", None) or "", getattr(arg, "__name__", "")
+            if (module, name) in BLOCKING_C_CALLS or module.startswith("sqlite3") or "sqlite3" in repr(arg):
+                seen.append(f"{module}.{name}")
 
-    def within_limits(self) -> bool:
-        """No step held the loop past MAX_LOOP_BLOCK_S, no timer was late past MAX_LOOP_DELAY_S, and
-        the probe woke often enough to have seen the run."""
-        return (
-            self.wakeups > 50
-            and self.longest_step_s <= MAX_LOOP_BLOCK_S
-            and self.longest_delay_s <= MAX_LOOP_DELAY_S
-        )
-
-
-class _SlowSteps(logging.Handler):
-    def __init__(self, lag: LoopLag) -> None:
-        super().__init__(logging.WARNING)
-        self.lag = lag
-
-    def emit(self, record: logging.LogRecord) -> None:
-        match = _SLOW_STEP.search(record.getMessage())
-        if match:
-            self.lag.longest_step_s = max(self.lag.longest_step_s, float(match.group(1)))
-
-
-@contextlib.asynccontextmanager
-async def loop_lag_probe(step_threshold_s: float = MAX_LOOP_BLOCK_S) -> AsyncIterator[LoopLag]:
-    """Measure how long the running loop is held or delayed while the block runs (AReaL's loop, in
-    the adapter's tests: nothing the adapter does may block it)."""
-    loop = asyncio.get_running_loop()
-    lag = LoopLag()
-    handler = _SlowSteps(lag)
-    asyncio_log = logging.getLogger("asyncio")
-    debug, threshold = loop.get_debug(), loop.slow_callback_duration
-    loop.set_debug(True)
-    loop.slow_callback_duration = step_threshold_s
-    asyncio_log.addHandler(handler)
-
-    async def wake() -> None:
-        while True:
-            before = time.monotonic()
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            lag.longest_delay_s = max(lag.longest_delay_s, time.monotonic() - before - PROBE_INTERVAL_S)
-            lag.wakeups += 1
-
-    prober = asyncio.ensure_future(wake())
+    sys.setprofile(profile)
     try:
-        yield lag
+        yield seen
     finally:
-        prober.cancel()
-        asyncio_log.removeHandler(handler)
-        loop.set_debug(debug)
-        loop.slow_callback_duration = threshold
+        sys.setprofile(None)
 
 
 _SUM = re.compile(r"What is (\d+) \+ (\d+)\?")

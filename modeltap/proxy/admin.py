@@ -12,19 +12,30 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from yarl import URL
 
 from modeltap import dialects
 from modeltap.compat.clients import presented_key
 from modeltap.proxy.context import CONTEXT
 from modeltap.proxy.errors import BadRequest, Forbidden, NotFound, ProxyError, Unauthorized, error_bytes
 from modeltap.proxy.network import is_loopback
+from modeltap.proxy.routes import names_a_control_route
 from modeltap.proxy.sessions import Session
 
 PREFIX = "/_modeltap/sessions"
+# Bounds on what opening a session may carry: generous for any real deployment, small enough that a
+# session cannot bloat every record and header it lands in.
+MAX_URL_CHARS = 2048
+MAX_KEY_CHARS = 4096
+MAX_LABELS = 64
+MAX_LABEL_CHARS = 256
+_VISIBLE = re.compile(r"[\x21-\x7e]+")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # The admin API's errors are shaped as OpenAI's, like every modeltap route that is not Anthropic's.
 _SHAPE = dialects.named("chat")
 
@@ -79,17 +90,57 @@ async def _open(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     try:
         body = json.loads(await request.read() or b"{}")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict) or not isinstance(body.get("labels", {}), dict):
-        raise BadRequest('send {"upstream": URL, "upstream_key": KEY, "labels": {…}}, each optional')
-    upstream = body.get("upstream")
-    if upstream is not None and not str(upstream).startswith(("http://", "https://")):
-        raise BadRequest(f"upstream must be an http(s) URL, not {upstream!r}")
-    session = ctx.sessions.open(
-        upstream=upstream, upstream_key=body.get("upstream_key"), labels=body.get("labels")
-    )
+    try:
+        upstream, key, labels = session_request(body)
+    except ValueError as exc:
+        raise BadRequest(
+            f'{exc}; send {{"upstream": URL, "upstream_key": KEY, "labels": {{…}}}}, each optional'
+        ) from None
+    session = ctx.sessions.open(upstream=upstream, upstream_key=key, labels=labels)
     return web.json_response(session_view(session, with_token=True), status=201)
+
+
+def session_request(body: Any) -> tuple[str | None, str | None, dict[str, str]]:
+    """(upstream, upstream key, labels) of a request to open a session, each checked: they end up in
+    URLs, in headers sent upstream and in every record, so nothing that could break one gets in.
+    Raises ValueError naming the field and what it must be."""
+    if not isinstance(body, dict):
+        raise ValueError(f"the body must be a JSON object, not {type(body).__name__}")
+    unknown = sorted(set(body) - {"upstream", "upstream_key", "labels"})
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}")
+    upstream, key, labels = body.get("upstream"), body.get("upstream_key"), body.get("labels")
+    labels = {} if labels is None else labels
+    if upstream is not None:
+        _check_upstream(upstream)
+    if key is not None and not (
+        isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS and _VISIBLE.fullmatch(key)
+    ):
+        raise ValueError(
+            f"upstream_key must be 1 to {MAX_KEY_CHARS} visible ASCII characters (it goes in a header)"
+        )
+    if not isinstance(labels, dict) or len(labels) > MAX_LABELS:
+        raise ValueError(f"labels must be an object of at most {MAX_LABELS} names and texts")
+    for name, value in labels.items():
+        if not _LABEL_NAME.fullmatch(name):
+            raise ValueError(f"label name {name!r} must be 1 to 64 of A-Z a-z 0-9 _ . -")
+        # Numbers are welcome (a sample index) and kept as their text, as every label is.
+        text = str(value) if isinstance(value, int | float) else value
+        if not (isinstance(text, str) and len(text) <= MAX_LABEL_CHARS and text.isprintable()):
+            raise ValueError(f"label {name!r} must be printable text of at most {MAX_LABEL_CHARS} characters")
+    return upstream, key, labels
+
+
+def _check_upstream(upstream: Any) -> None:
+    if not (isinstance(upstream, str) and len(upstream) <= MAX_URL_CHARS and _VISIBLE.fullmatch(upstream)):
+        raise ValueError(f"upstream must be a URL of at most {MAX_URL_CHARS} visible ASCII characters")
+    url = URL(upstream)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"upstream must be an http(s) URL with a host, not {upstream!r}")
+    if names_a_control_route(url.path):
+        raise ValueError("upstream must not point at one of AReaL's control routes")
 
 
 @_guarded

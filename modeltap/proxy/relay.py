@@ -90,6 +90,8 @@ _RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}
 # Session hints agents already send (docs/peers.md §6): they group anonymous traffic by agent run.
 _SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
 _HINT_SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# The header every budgeted answer carries: what the budget decided, in a few characters.
+BUDGET_HEADER = "x-modeltap-budget"
 # Traffic with no session token and no client hint; distinct from the "default" session `serve` opens.
 ANONYMOUS_SESSION = "anonymous"
 _SESSION_GONE = (
@@ -463,8 +465,18 @@ def _upstream_headers(
     return out
 
 
-def _response_headers(reply: Reply) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+def _response_headers(flow: _Flow, reply: Reply) -> CIMultiDict[str]:
+    """The upstream's headers less those that described its framing, and the budget's decision."""
+    kept = ((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+    headers: CIMultiDict[str] = CIMultiDict(kept)
+    headers.update(_budget_header(flow))
+    return headers
+
+
+def _budget_header(flow: _Flow) -> dict[str, str]:
+    """`x-modeltap-budget: clamped 4000->3086` on every answer the budget decided on."""
+    budget = flow.draft.budget
+    return {BUDGET_HEADER: budget["summary"]} if budget else {}
 
 
 async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Response:
@@ -476,7 +488,7 @@ async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Resp
     status = reply.response.status
     if status >= 400:
         draft.fail(classify(status, body), parse_error(status, body).message[:RESPONSE_TEXT_MAX_CHARS])
-    return web.Response(status=status, body=body, headers=_response_headers(reply))
+    return web.Response(status=status, body=body, headers=_response_headers(flow, reply))
 
 
 async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply, tap: StreamTap) -> web.StreamResponse:
@@ -486,9 +498,8 @@ async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply, tap: Stre
     draft, request = flow.draft, flow.request
     draft.streamed = True
     raw: list[bytes] | None = [] if flow.ctx.config.keep_raw_sse else None
-    response = flow.stream = web.StreamResponse(
-        status=reply.response.status, headers=_response_headers(reply)
-    )
+    headers = _response_headers(flow, reply)
+    response = flow.stream = web.StreamResponse(status=reply.response.status, headers=headers)
     await response.prepare(request)
     upstream_broke = False
     try:
@@ -556,7 +567,9 @@ async def _relay_translated(
         draft.status = answered
         draft.fail(classify(status, raw), said.message[:RESPONSE_TEXT_MAX_CHARS])
         draft.response = json.loads(body)
-        return web.Response(status=answered, body=body, content_type="application/json")
+        return web.Response(
+            status=answered, body=body, content_type="application/json", headers=_budget_header(flow)
+        )
     try:
         chat = json.loads(raw)
     except ValueError:
@@ -572,7 +585,7 @@ async def _relay_translated(
         return await _write_events(flow, events, answer)
     draft.response = translation.reply(chat)
     translation.remember(ctx.chains, draft.session_id, chat, draft.response)
-    return web.json_response(draft.response)
+    return web.json_response(draft.response, headers=_budget_header(flow))
 
 
 async def _relay_synthesised(
@@ -620,13 +633,17 @@ def _client_left(draft: ExchangeDraft, complete: bool) -> None:
 
 
 def _error_response(flow: _Flow, err: ProxyError) -> web.Response:
-    """A proxy-made error in the client's dialect, noted on the record."""
+    """A proxy-made error in the client's dialect, noted on the record. A message that quotes the
+    request (a path, a field) has any known session token in it masked."""
+    err.message = flow.ctx.sessions.mask(err.message)
     draft = flow.draft
     draft.status = err.status
     draft.fail(err.error_class, err.message)
     body = error_bytes(err, flow.dialect)
     draft.response = json.loads(body)
-    return web.Response(status=err.status, body=body, content_type="application/json")
+    return web.Response(
+        status=err.status, body=body, content_type="application/json", headers=_budget_header(flow)
+    )
 
 
 def _unexpected(flow: _Flow, exc: Exception) -> web.StreamResponse:

@@ -21,13 +21,22 @@ from modeltap.proxy.errors import Forbidden, NotFound
 
 # AReaL's control routes (docs/areal.md §1.1.2, §1.2). Forwarding any of them would let an agent set its
 # own reward or reconfigure the trainer, so they are refused even for a valid session token.
-_CONTROL = re.compile(
-    r"^(rl(/.*)?|export_trajectories|grant_capacity|call|configure|create_engine|set_env|alloc_ports"
-    r"|internal(/.*)?)$"
+_CONTROL_ROOTS = (
+    "rl",
+    "export_trajectories",
+    "grant_capacity",
+    "call",
+    "configure",
+    "create_engine",
+    "set_env",
+    "alloc_ports",
+    "internal",
 )
+_CONTROL = re.compile(rf"^({'|'.join(_CONTROL_ROOTS)})(/.*)?$")
 # An `s/TOKEN` pair of segments anywhere in a path, `S` too: a base URL joined the wrong way round
 # (`/v1/s/TOKEN/...`) or mistyped carries a token, though it is not routed as one.
-_SESSION_SEGMENTS = re.compile(r"(?<![^/])[sS]/([A-Za-z0-9_-]{16,128})(?![^/])")
+# Masked whatever follows it (`/s/TOKEN./`, `/s/TOKEN;x=1/`): a near-miss path still carries the token.
+_SESSION_SEGMENTS = re.compile(r"(?<![^/])[sS]/([A-Za-z0-9_-]{16,128})(?![A-Za-z0-9_-])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,16 @@ def resolve(path: str) -> Route:
             "each with or without /v1"
         )
     return Route(found[0], token, found[1])
+
+
+def names_a_control_route(path: str) -> bool:
+    """Whether any segment of `path` starts one of AReaL's control routes: an upstream URL that does is
+    refused, so that no session can aim the relay at one.
+
+    >>> names_a_control_route("/v1/rl"), names_a_control_route("/v1")
+    (True, False)
+    """
+    return any(segment in _CONTROL_ROOTS for segment in path.split("/"))
 
 
 def session_token(path: str) -> str | None:

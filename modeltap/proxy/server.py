@@ -259,6 +259,8 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
     """What `modeltap serve` prints at start: where it listens, what it forwards to, and the base URLs
     to paste into agents running on this host and in Docker containers."""
     config = proxy.config
+    # A key the operator chose is theirs to keep: it is printed only when modeltap made it up.
+    shown_key = "<the --admin-key you gave>" if config.admin_key else proxy.admin_key
     translated = [d.route for d in dialects.DIALECTS if d.translates and not serves(config.layout, d.route)]
     lines = [
         f"modeltap listening on {config.host}:{proxy.port}",
@@ -270,10 +272,12 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
             if translated
             else "none" + (" until an endpoint answers 404 at every path" if config.layout == "auto" else "")
         ),
-        f"  records   {config.store}",
+        f"  records   {config.store_path.resolve()}",
+        f"            follow them: modeltap tail --store {config.store_path.resolve()}",
+        f"            browse them: modeltap ui --store {config.store_path.resolve()}",
         f"  budget    {proxy.context.budget_report}",
         f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",
-        f"            with Authorization: Bearer {proxy.admin_key}",
+        f"            with Authorization: Bearer {shown_key}",
     ]
     base = default_session.host_base_url if default_session else proxy.host_base_url
     container = default_session.container_base_url if default_session else proxy.container_base_url

@@ -218,7 +218,8 @@ class TokenCounter:
             text = self._tokenizer.apply_chat_template(
                 messages, tools=prompt.tools, add_generation_prompt=True, tokenize=False, **kwargs
             )
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+            # RecursionError: a body nested deeper than the template can walk passes uncounted.
             if isinstance(exc, CountError):
                 raise
             raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, urlsplit
 from modeltap import __version__, dialects
 from modeltap.records.store import StoreReader
 from modeltap.records.streams import stream_events
+from modeltap.records.view import pretty
 
 FORMATS = ("har", "jsonl", "messages")
 # Each JSONL line says which format it is in; a reader checks it before trusting the fields.
@@ -34,7 +35,7 @@ LOCAL_ORIGIN = "http://modeltap.invalid"
 def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) -> None:
     """Write session `session_id` to `out` in `fmt`: "har", "jsonl" or "messages"."""
     if fmt == "har":
-        out.write(json.dumps(har(reader, session_id), indent=2, ensure_ascii=False) + "\n")
+        out.write(pretty(har(reader, session_id)) + "\n")
     elif fmt == "jsonl":
         for line in jsonl(reader, session_id):
             out.write(line + "\n")

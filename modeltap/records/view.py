@@ -176,8 +176,18 @@ def turn_text(turn: dict[str, Any]) -> str:
     lines = _turn_lines(turn, None)
     for key, title in (("request", "request"), ("sent", "sent upstream (clamped)"), ("response", "response")):
         if turn.get(key) is not None:
-            lines += [f"── {title}", json.dumps(turn[key], indent=2, ensure_ascii=False)]
+            lines += [f"── {title}", pretty(turn[key])]
     return "\n".join(lines)
+
+
+def pretty(value: Any) -> str:
+    """`value` as indented JSON, for a person. Indenting recurses in Python, a few frames a level, so a
+    body nested hundreds deep (the proxy accepts what its JSON parser does) comes out compact instead,
+    which the C encoder writes as deep as the parser read."""
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False)
+    except RecursionError:
+        return json.dumps(value, ensure_ascii=False)
 
 
 def tail_line(turn: dict[str, Any]) -> str:
@@ -346,10 +356,15 @@ def _headline(turn: dict[str, Any]) -> str:
         parts.append(f"tokens {_num(turn['prompt_tokens'])}→{_num(turn['completion_tokens'])}")
     if turn["finish_reason"]:
         parts.append(turn["finish_reason"])
-    calls = ", ".join(_short(_call_text(call), 60) for call in turn["tool_calls"])
+    budget = turn["budget"] or {}
+    if budget.get("action") in ("clamp", "reject") and budget.get("summary"):
+        parts.append(f"budget {budget['summary']}")
+    said = ", ".join(_short(_call_text(call), 60) for call in turn["tool_calls"])
     if turn["error"]:
-        calls = f"{turn['error']['class']}: {_short(turn['error']['message'] or '', 80)}"
-    return "  ".join(parts) + (f"  {calls}" if calls else "")
+        said = f"{turn['error']['class']}: {_short(turn['error']['message'] or '', 80)}"
+    elif not said and turn["reply"]:
+        said = repr(_short(turn["reply"], 60))
+    return "  ".join(parts) + (f"  {said}" if said else "")
 
 
 def _budget_text(budget: dict[str, Any]) -> str:
@@ -403,12 +418,21 @@ def _content_text(content: Any) -> str:
             pieces.append(_call_text({"name": block.get("name"), "arguments": block.get("input")}))
         elif kind == "tool_result":
             error = " (error)" if block.get("is_error") else ""
-            pieces.append(f"⇐ {block.get('tool_use_id')}{error}: {_content_text(block.get('content'))}")
+            pieces.append(f"⇐ {block.get('tool_use_id')}{error}: {_result_text(block.get('content'))}")
         elif kind == "thinking":
             pieces.append(f"(thinking) {block.get('thinking', '')}")
         else:
             pieces.append(f"[{kind}]")
     return " ".join(pieces)
+
+
+def _result_text(content: Any) -> str:
+    """A tool result's content: text, or its blocks' texts. One level only: a tool result holds text
+    and images, and a hostile one nesting results in results must not recurse without end."""
+    if isinstance(content, str):
+        return content
+    texts = [b.get("text") for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    return " ".join(t for t in texts if isinstance(t, str)) or ("" if content is None else "[…]")
 
 
 def _result(call_id: Any, content: Any, is_error: Any = None) -> dict[str, Any]:

@@ -21,6 +21,8 @@ if importlib.util.find_spec("areal") is None:
 
 from areal_server import ArealProxyServer
 
+from tests.store_guard import default_store_untouched  # noqa: F401  # a session fixture, used by name
+
 # Large enough for the agents' prompts with their tool schemas (measured with this template: opencode
 # 7.3k tokens, Claude Code 11.8k), small enough that a test can build a prompt over it cheaply.
 # AReaL applies it as the cap on prompt + completion (docs/areal.md §4.1).

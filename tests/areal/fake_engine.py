@@ -82,7 +82,9 @@ def scripted_reply(prompt_text: str) -> str:
     tool = _bash_tool(prompt_text)
     if tool is not None:
         properties = tool.get("parameters", {}).get("properties", {})
-        arguments = {"cmd" if "cmd" in properties and "command" not in properties else "command": TOOL_COMMAND}
+        arguments = {
+            "cmd" if "cmd" in properties and "command" not in properties else "command": TOOL_COMMAND
+        }
         if "description" in properties:
             arguments["description"] = "Compute six times seven"
         call = {"name": tool["name"], "arguments": arguments}

@@ -172,14 +172,12 @@ def test_agent_workflow_from_its_import_path_trains_reward_one_on_the_last_inter
 
 
 def test_a_failing_task_raises_so_areal_rejects_the_sample(
-    rollout_engines: EngineFactory, areal_server: ArealProxyServer, failing_bundle: Path
+    rollout_engines: EngineFactory, areal_server: ArealProxyServer, failing_bundle: Path, tmp_path: Path
 ) -> None:
     engine = rollout_engines()
     staleness = engine.workflow_executor.staleness_manager
-
-    submit(
-        engine, areal_server, failing_bundle, "solver-crashes", runner="local", proxy={"host": "127.0.0.1"}
-    )
+    proxy = {"host": "127.0.0.1", "store": str(tmp_path / "records.db")}
+    submit(engine, areal_server, failing_bundle, "solver-crashes", runner="local", proxy=proxy)
 
     # A run that raised is counted rejected; a float reward, even 0.0, would have been accepted.
     stats = wait_until(
@@ -189,10 +187,11 @@ def test_a_failing_task_raises_so_areal_rejects_the_sample(
 
 
 def test_a_cancelled_run_leaves_no_sandbox_behind(
-    rollout_engines: EngineFactory, areal_server: ArealProxyServer, failing_bundle: Path
+    rollout_engines: EngineFactory, areal_server: ArealProxyServer, failing_bundle: Path, tmp_path: Path
 ) -> None:
     engine = rollout_engines()
-    submit(engine, areal_server, failing_bundle, "solver-hangs", runner="local", proxy={"host": "127.0.0.1"})
+    proxy = {"host": "127.0.0.1", "store": str(tmp_path / "records.db")}
+    submit(engine, areal_server, failing_bundle, "solver-hangs", runner="local", proxy=proxy)
     # LocalSandbox runs in a fresh temporary folder named after the run, which starts with the task id.
     pid_files = lambda: list(Path(tempfile.gettempdir()).glob("modeltap-solver-hangs-*/work/sleeper.pid"))  # noqa: E731
     (pid_file,) = wait_until(pid_files, "the hanging solver has started")

@@ -3,13 +3,14 @@ key, on loopback; it shows a token only to the request that opened its session."
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from modeltap.proxy.admin import PREFIX, session_view
+from modeltap.proxy.admin import PREFIX, session_request, session_view
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 
@@ -67,3 +68,38 @@ async def test_a_token_shows_only_in_the_answer_that_opened_its_session(proxy: P
     session = proxy.sessions.open(upstream_key="k")
     assert "token" not in session_view(session, with_token=False)
     assert session_view(session, with_token=True)["token"] == session.token
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"upstream": 42}, "upstream must be a URL"),
+        ({"upstream": "http://up:1/a b"}, "upstream must be a URL"),
+        ({"upstream": "http://up:1/\r\nX-Injected: 1"}, "upstream must be a URL"),
+        ({"upstream": "file:///etc/passwd"}, "http(s) URL with a host"),
+        ({"upstream": "http://areal:1/rl"}, "control routes"),
+        ({"upstream": "http://areal:1/v1/internal/x"}, "control routes"),
+        ({"upstream_key": 7}, "upstream_key must be"),
+        ({"upstream_key": "sk\r\nX-Injected: 1"}, "upstream_key must be"),
+        ({"upstream_key": ""}, "upstream_key must be"),
+        ({"upstream_key": "k" * 5000}, "upstream_key must be"),
+        ({"labels": {"task": "\ud800"}}, "printable text"),
+        ({"labels": {"task": "a\nb"}}, "printable text"),
+        ({"labels": {"bad name": "x"}}, "label name"),
+        ({"labels": {f"k{i}": "v" for i in range(65)}}, "at most 64"),
+        ({"labels": {"task": [1]}}, "printable text"),
+        ({"token": "mine"}, "unknown field 'token'"),
+    ],
+)
+def test_session_requests_are_checked_field_by_field(body: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        session_request(body)
+
+
+def test_a_good_session_request_passes_as_it_is() -> None:
+    body = {"upstream": "http://10.0.0.5:41235", "upstream_key": "sk-abc_123", "labels": {"task_id": "t-1"}}
+    assert session_request(body) == ("http://10.0.0.5:41235", "sk-abc_123", {"task_id": "t-1"})
+    assert session_request({}) == (None, None, {})
+    assert session_request({"labels": {"sample_index": 3}})[2] == {
+        "sample_index": 3
+    }  # the registry keeps "3"

@@ -84,3 +84,11 @@ async def test_the_startup_report_names_the_store_the_layout_and_the_urls(store_
     assert f"records   {store_path}" in report and "budget    off" in report
     assert f"http://127.0.0.1:{proxy.port}/v1" in report
     assert "a Docker container: unreachable (listening on loopback only" in report
+
+
+async def test_the_report_prints_an_admin_key_only_when_modeltap_made_it_up(store_path: Path) -> None:
+    async with Proxy(config(store_path)) as proxy:
+        assert f"Bearer {proxy.admin_key}" in startup_report(proxy, None)
+    async with Proxy(config(store_path, admin_key="operators-own-key")) as proxy:
+        report = startup_report(proxy, None)
+    assert "operators-own-key" not in report and "<the --admin-key you gave>" in report
