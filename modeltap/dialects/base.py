@@ -376,7 +376,9 @@ class Dialect:
         if is_context_overflow(error):
             prompt, limit = overflow_tokens(error.message) or (None, None)
             if prompt is not None and limit is not None:
-                return 400, self.context_overflow(prompt, 0, limit, limit)
+                return 400, self.context_overflow(
+                    prompt, 0, limit, limit, f"The upstream said: {error.message}"
+                )
             return 400, ApiError(error.message, code="context_length_exceeded", param="messages")
         fallback = "invalid_request_error" if status < 500 else "api_error"
         return status, ApiError(

@@ -606,10 +606,8 @@ async def _write_events(flow: _Flow, events: list[bytes], body: dict[str, Any] |
     """A stream modeltap wrote itself from a whole answer, in one write; recorded as synthesised."""
     draft, request = flow.draft, flow.request
     draft.streamed, draft.synthesised, draft.stream_complete, draft.response = True, True, True, body
-    response = flow.stream = web.StreamResponse(
-        status=200,
-        headers={hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8", hdrs.CACHE_CONTROL: "no-cache"},
-    )
+    headers = {hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8", hdrs.CACHE_CONTROL: "no-cache"}
+    response = flow.stream = web.StreamResponse(status=200, headers=headers | _budget_header(flow))
     await response.prepare(request)
     try:
         await response.write(b"".join(events))

@@ -371,7 +371,11 @@ def test_an_upstream_overflow_is_claude_codes_prompt_too_long_400() -> None:
     assert status == 400
     assert MESSAGES.error_body(error) == {
         "type": "error",
-        "error": {"type": "invalid_request_error", "message": "prompt is too long: 609 tokens > 256 maximum"},
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 609 tokens > 256 maximum. The upstream said: "
+            "Streaming setup failed: 500: len of prompt tokens 609 exceeds max_total_tokens 256",
+        },
     }
 
 
