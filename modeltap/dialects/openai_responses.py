@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from modeltap.compat.areal import responses_body_for_areal
 from modeltap.dialects.base import (
     ChatPrompt,
     Conversation,
@@ -156,6 +157,10 @@ class Responses(Dialect):
 
     def completion_field(self, body: Any) -> str:
         return "max_output_tokens"
+
+    def areal_body(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The body AReaL can take, or None when it needs no change (compat.areal)."""
+        return responses_body_for_areal(body)
 
     def prompt(self, body: dict[str, Any], *, openai_typed: bool = False) -> Prompt:
         """`instructions` and `input` as chat messages, the way AReaL's ArealOpenAI converts them

@@ -445,6 +445,8 @@ async def _responses(request: web.Request, state: ArealState) -> web.StreamRespo
     session = state.session_for_key(_token(request))
     body = _require_fields(body, ["input", "model"])
     prompt_tokens = approx_tokens(body.get("instructions"), body.get("input"), body.get("tools"))
+    if body.get("include"):  # before the interaction is recorded, as in ArealOpenAI (docs/areal.md §1.1.9)
+        raise ArealError(500, "NotImplementedError: include is not supported yet")
     state.check_prompt(prompt_tokens, "engine_max_tokens")
     interaction = session.record("responses", body, hex_id("resp-", 32))
     if body.get("tools") is None:
