@@ -40,7 +40,7 @@ from modeltap.dialects.base import (
     dicts_in,
     tool_call,
 )
-from modeltap.dialects.openai_chat import ChatDeltas
+from modeltap.dialects.openai_chat import ChatDeltas, request_options
 from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event
 
 # The API version the anthropic SDK and Claude Code send (docs/agents.md §4.3, §5); requests need one.
@@ -313,17 +313,9 @@ class Messages(Dialect):
                 chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
             if choice.get("disable_parallel_tool_use") is True:
                 chat["parallel_tool_calls"] = False
-        if body.get("max_tokens") is not None:
-            chat["max_completion_tokens"] = body["max_tokens"]
-        for field in ("temperature", "top_p", "top_k"):
-            if body.get(field) is not None:
-                chat[field] = body[field]
         if body.get("stop_sequences"):
             chat["stop"] = body["stop_sequences"]
-        if body.get("stream") is True:
-            chat["stream"] = True
-            chat["stream_options"] = {"include_usage": True}
-        return chat
+        return chat | request_options(body, "max_tokens", ("temperature", "top_p", "top_k"))
 
     def chat_translator(self, request: dict[str, Any]) -> _MessagesFromChat:
         return _MessagesFromChat(request)

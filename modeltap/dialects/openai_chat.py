@@ -123,6 +123,24 @@ def chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     return out
 
 
+def request_options(body: Mapping[str, Any], cap_field: str, sampling: tuple[str, ...]) -> dict[str, Any]:
+    """A chat request's options taken from another format's `body`: its completion cap (`cap_field`)
+    as `max_completion_tokens` (the field every chat server reads: see `Chat.completion_field`), the
+    `sampling` fields it sets, and a stream with usage when it asked for a stream (usage closes a
+    translated stream).
+
+    >>> request_options({"max_tokens": 9, "stream": True}, "max_tokens", ("temperature",))
+    {'max_completion_tokens': 9, 'stream': True, 'stream_options': {'include_usage': True}}
+    """
+    options: dict[str, Any] = {}
+    if body.get(cap_field) is not None:
+        options["max_completion_tokens"] = body[cap_field]
+    options.update({field: body[field] for field in sampling if body.get(field) is not None})
+    if body.get("stream") is True:
+        options |= {"stream": True, "stream_options": {"include_usage": True}}
+    return options
+
+
 Delta = tuple[str, int, Any]
 """One piece of a chat stream (`ChatDeltas.read`): (kind, tool call number, value)."""
 

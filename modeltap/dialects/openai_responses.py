@@ -39,7 +39,7 @@ from modeltap.dialects.base import (
     text_of,
     tool_call,
 )
-from modeltap.dialects.openai_chat import ChatDeltas
+from modeltap.dialects.openai_chat import ChatDeltas, request_options
 from modeltap.dialects.openai_completions import first_choice
 from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event
 
@@ -306,15 +306,7 @@ class Responses(Dialect):
                 chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
             if isinstance(body.get("parallel_tool_calls"), bool):
                 chat["parallel_tool_calls"] = body["parallel_tool_calls"]
-        if body.get("max_output_tokens") is not None:
-            chat["max_completion_tokens"] = body["max_output_tokens"]
-        for field in ("temperature", "top_p"):
-            if body.get(field) is not None:
-                chat[field] = body[field]
-        if body.get("stream") is True:
-            chat["stream"] = True
-            chat["stream_options"] = {"include_usage": True}
-        return chat
+        return chat | request_options(body, "max_output_tokens", ("temperature", "top_p"))
 
     def chat_translator(self, request: dict[str, Any]) -> _ResponseFromChat:
         return _ResponseFromChat(request)
