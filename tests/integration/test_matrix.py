@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ README_MARKERS = (
 # Each cell's agent run; a successful one takes seconds (mini-swe-agent's import of litellm the
 # longest, docs/agents.md §1), two minutes means it is stuck.
 CELL_TIMEOUT_S = 120.0
+# How long a cell waits for its last record to be committed, and how often it looks.
+RECORD_WAIT_S = 10.0
+RECORD_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -216,9 +220,16 @@ def _open_session(serving: Serving, agent: str) -> tuple[str, str]:
     return session["id"], session["base_url"]
 
 
-def _records(store: Path, session_id: str) -> list[dict[str, Any]]:
-    with StoreReader(store) as reader:
-        return reader.exchanges(session_id)
+def _records(store: Path, session_id: str, endpoint: str, expected: int) -> list[dict[str, Any]]:
+    """The session's records of `endpoint`, once `expected` of them are written (or the wait is over).
+    A client may finish at its stream's last event, before the proxy has committed that record."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while True:
+        with StoreReader(store) as reader:
+            rows = [row for row in reader.exchanges(session_id) if row["endpoint"] == endpoint]
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return rows
+        time.sleep(RECORD_POLL_S)
 
 
 @pytest.mark.parametrize("agent_name", list(AGENTS))
@@ -229,7 +240,7 @@ def test_agent_does_the_task_through_modeltap(serving: Serving, agent_name: str,
     passed, detail = agent.play(base_url, "agent-never-sees-the-upstream-key", tmp_path / "work")
     assert passed, detail
     upstream_calls = len(serving.standin.model_requests) - before
-    rows = [row for row in _records(serving.store, session_id) if row["endpoint"] == agent.endpoint]
+    rows = _records(serving.store, session_id, agent.endpoint, upstream_calls)
     translated = agent.endpoint not in upstream.serves
     assert len(rows) == upstream_calls >= 2, [(r["path"], r["status"]) for r in rows]
     assert all(r["status"] == 200 and r["error_class"] is None for r in rows), rows
