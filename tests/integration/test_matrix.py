@@ -181,6 +181,8 @@ class Cell:
     passed: bool
     requests: int
     translated: bool
+    synthesised: bool
+    """Whether modeltap wrote a streamed agent's stream from the upstream's JSON answer."""
 
 
 RESULTS: dict[tuple[str, str], Cell] = {}
@@ -252,7 +254,8 @@ def test_agent_does_the_task_through_modeltap(serving: Serving, agent_name: str,
         check=True,
     ).stdout
     assert f"{len(rows)} turn(s)" in shown and all(f"#{n}  " in shown for n in range(1, len(rows) + 1)), shown
-    RESULTS[(upstream.name, agent.name)] = Cell(True, len(rows), translated)
+    synthesised = any(r["synthesised"] for r in rows)
+    RESULTS[(upstream.name, agent.name)] = Cell(True, len(rows), translated, synthesised)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -278,7 +281,8 @@ def write_matrix(results: dict[tuple[str, str], Cell]) -> None:
 
 def matrix_table(results: dict[tuple[str, str], Cell]) -> str:
     """The README's table: a row per agent, a column per upstream; each cell says pass, the requests
-    modeltap recorded, and whether it translated them."""
+    modeltap recorded, whether it translated them, and whether it wrote the agent's stream from a JSON
+    answer."""
     upstreams = [u.name for u in UPSTREAMS.values()]
     lines = [
         "| agent | speaks | streams | " + " | ".join(upstreams) + " |",
@@ -289,6 +293,8 @@ def matrix_table(results: dict[tuple[str, str], Cell]) -> str:
         for upstream in upstreams:
             cell = results[(upstream, agent.name)]
             how = "translated through chat" if cell.translated else "as is"
+            if cell.synthesised:
+                how += " (stream written from JSON)"
             cells.append(f"{'pass' if cell.passed else 'FAIL'}: {cell.requests} requests, {how}")
         lines.append(f"| {agent.name} | {agent.endpoint} | {agent.streams} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
