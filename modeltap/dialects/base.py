@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from modeltap.compat.layouts import ErrorInfo, is_context_overflow, overflow_tokens
+from modeltap.dialects.sse import typed_event
 
 # The path prefix of a session URL, `/s/TOKEN/...` (modeltap.proxy.sessions issues the tokens).
 SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
@@ -363,11 +364,9 @@ class Dialect:
         raise ValueError(f"{self.name} replies cannot be translated from chat")
 
     def event_bytes(self, event: dict[str, Any]) -> bytes:
-        """One event of this format's stream as SSE: `event: TYPE` and its data (Anthropic and
-        Responses; OpenAI chat overrides with data only)."""
-        from modeltap.dialects.sse import named_event
-
-        return named_event(event["type"], event)
+        """One event of this format's stream as SSE: `event: TYPE` and its data, as Anthropic and
+        Responses stream (the formats that translate)."""
+        return typed_event(event)
 
     def upstream_error(self, status: int, error: ErrorInfo) -> tuple[int, ApiError]:
         """A chat upstream's error as this format's clients parse it, and the status to answer with.

@@ -149,8 +149,8 @@ class ChatDeltas:
     """Reads a chat chunk stream, chunk by chunk, as the pieces another format's stream is written
     from, in their order: ("reasoning", 0, text), ("text", 0, text), ("call", n, {"id", "name"}) when
     tool call n starts, ("arguments", n, text), ("error", 0, message) for an error event. Only the
-    first choice counts (a translated request asks for one). The finish reason, usage and chunk header
-    are kept as they arrive.
+    first choice counts (a translated request asks for one). The finish reason and usage are kept as
+    they arrive.
 
     >>> deltas = ChatDeltas()
     >>> deltas.read({"id": "c1", "choices": [{"index": 0, "delta": {"content": "4"}}]})
@@ -159,18 +159,14 @@ class ChatDeltas:
     ([], 'stop')
     """
 
-    __slots__ = ("_calls", "finish_reason", "head", "usage")
+    __slots__ = ("_calls", "finish_reason", "usage")
 
     def __init__(self) -> None:
         self._calls: set[int] = set()
-        self.head: dict[str, Any] = {}
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
 
     def read(self, chunk: dict[str, Any]) -> list[Delta]:
-        for key in ("id", "created", "model"):
-            if key not in self.head and chunk.get(key) is not None:
-                self.head[key] = chunk[key]
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
         if chunk.get("error") is not None:

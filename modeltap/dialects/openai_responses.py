@@ -382,7 +382,7 @@ class _ResponseFromChat:
         self._texts: dict[int, list[str]] = {}  # output index -> text or argument pieces
         self._call_items: dict[int, int] = {}
         self._response: dict[str, Any] = {
-            "id": f"resp_{uuid.uuid4().hex}",
+            "id": None,
             "object": "response",
             "created_at": int(time.time()),
             "status": "in_progress",
@@ -401,7 +401,7 @@ class _ResponseFromChat:
         self._started = False
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        events = self._start()
+        events = self._start(chunk)
         for kind, number, value in self._deltas.read(chunk):
             if kind == "call":
                 call = {
@@ -432,7 +432,7 @@ class _ResponseFromChat:
         reason = self._deltas.finish_reason
         if reason is None:
             return []
-        events = [*self._start(), *self._done()]
+        events = [*self._start({}), *self._done()]
         response = self._response
         response["output"] = self._items
         response["usage"] = responses_usage(self._deltas.usage)
@@ -443,10 +443,14 @@ class _ResponseFromChat:
         response["status"] = "completed"
         return [*events, self._event("response.completed", response=response)]
 
-    def _start(self) -> list[dict[str, Any]]:
+    def _start(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """created and in_progress, once. The response's id comes from the chat completion's, so the
+        same chat answer always makes the same response (a record rebuilt from it matches the stream)."""
         if self._started:
             return []
         self._started = True
+        chat_id = chunk.get("id")
+        self._response["id"] = f"resp_{chat_id}" if isinstance(chat_id, str) else f"resp_{uuid.uuid4().hex}"
         opening = {**self._response}
         return [
             self._event("response.created", response=opening),
@@ -466,7 +470,8 @@ class _ResponseFromChat:
             return []
         events = self._done()
         prefix = {"reasoning": "rs", "message": "msg", "function_call": "fc"}[kind]
-        self._items.append({"id": f"{prefix}_{uuid.uuid4().hex}", **item, "status": "in_progress"})
+        item_id = f"{prefix}_{self._response['id'].removeprefix('resp_')}_{len(self._items)}"
+        self._items.append({"id": item_id, **item, "status": "in_progress"})
         self._open = (kind, number)
         index = len(self._items) - 1
         events.append(

@@ -348,6 +348,12 @@ def named_event(kind: str, value: dict[str, Any]) -> bytes:
     return f"event: {kind}\n".encode() + data_event({"type": kind, **value})
 
 
+def typed_event(event: dict[str, Any]) -> bytes:
+    """An event that carries its own `type` (first), as `named_event` writes it, without copying it:
+    a translated stream writes one per event."""
+    return b"event: " + str(event["type"]).encode() + b"\n" + data_event(event)
+
+
 def split_events(raw: bytes) -> list[bytes]:
     """SSE bytes split after each blank line, so each piece is one event (WHATWG line ends)."""
     events, start, i = [], 0, 0

@@ -88,14 +88,15 @@ class Untouched:
 
 class TranslatedStream:
     """A chat upstream stream written to the client in its own format, each chunk's events as soon as
-    the chunk arrives. The chat stream is assembled for the record (`received`), and the client's
-    events are assembled as they are written (`result`)."""
+    the chunk arrives. The chat stream is assembled for the record (`received`); what the client got
+    is rebuilt from it once, at the end (`result`), through the same translator, rather than assembled
+    event by event."""
 
     def __init__(self, client: Dialect, request: dict[str, Any]) -> None:
         self._client = client
+        self._request = request
         self._translator = client.chat_translator(request)
         self._upstream = StreamAssembler(CHAT, on_event=self._take)
-        self._assembler = client.assembler()
         self._out: list[bytes] = []
         self._events = 0
         self._ended = False
@@ -106,7 +107,7 @@ class TranslatedStream:
         return self._flush()
 
     def keep(self, chunk: bytes) -> None:
-        """Nothing: what was written is assembled as it is made."""
+        """Nothing: the record is rebuilt from the chat stream (`result`)."""
 
     def end(self) -> bytes:
         """The closing events, when the chat stream ended without `[DONE]` but after its finish."""
@@ -116,7 +117,8 @@ class TranslatedStream:
     def result(self) -> Assembled:
         upstream = self._upstream.result()
         error = upstream.error if upstream.error is not None or self._complete else _cut_short(self._client)
-        return Assembled(self._assembler.body(), self._events, self._complete, error)
+        body = answer_from_chat(self._client, self._request, upstream.body) if upstream.body else None
+        return Assembled(body, self._events, self._complete, error)
 
     @property
     def complete(self) -> bool:
@@ -136,19 +138,34 @@ class TranslatedStream:
     def _finish(self) -> None:
         if not self._ended:
             self._ended = True
-            self._write(self._translator.end())
+            closing = self._translator.end()
+            self._complete = bool(closing)
+            self._write(closing)
 
     def _write(self, events: list[dict[str, Any]]) -> None:
-        for event in events:
-            self._out.append(self._client.event_bytes(event))
-            self._events += 1
-            if self._assembler.add(event):
-                self._complete = True
+        self._out.extend(self._client.event_bytes(event) for event in events)
+        self._events += len(events)
 
     def _flush(self) -> bytes:
         out = b"".join(self._out)
         self._out.clear()
         return out
+
+
+def answer_from_chat(client: Dialect, request: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any] | None:
+    """The client's answer to a chat completion (whole, or as much of one as a cut stream carried):
+    written through the client's translator, then assembled, so a whole answer and a streamed one say
+    the same."""
+    assembler = client.assembler()
+    for event in _chat_events(client, request, chat):
+        assembler.add(event)
+    return assembler.body()
+
+
+def _chat_events(client: Dialect, request: dict[str, Any], chat: dict[str, Any]) -> list[dict[str, Any]]:
+    translator = client.chat_translator(request)
+    events = [event for chunk in chunks(chat, include_usage=True) for event in translator.feed(chunk)]
+    return events + translator.end()
 
 
 def _cut_short(client: Dialect) -> str:
@@ -202,18 +219,14 @@ class Translation:
         return answered, json.dumps(self.client.error_body(api)).encode(), info
 
     def reply(self, chat: dict[str, Any]) -> dict[str, Any] | None:
-        """The client's non-streamed answer to a chat completion: written through the same translator
-        as a stream, then assembled, so both answers say the same."""
-        assembler = self.client.assembler()
-        for event in self._events(chat):
-            assembler.add(event)
-        return assembler.body()
+        """The client's non-streamed answer to a chat completion (`answer_from_chat`)."""
+        return answer_from_chat(self.client, self.request, chat)
 
     def events(self, chat: dict[str, Any]) -> tuple[list[bytes], dict[str, Any] | None]:
         """The client's stream of a chat completion the upstream answered whole, and its final body."""
         assembler = self.client.assembler()
         out = []
-        for event in self._events(chat):
+        for event in _chat_events(self.client, self.request, chat):
             assembler.add(event)
             out.append(self.client.event_bytes(event))
         return out, assembler.body()
@@ -234,11 +247,6 @@ class Translation:
         reply_id = self.client.reply_id(self.request, reply)
         if reply_id is not None:
             chains.keep(session, reply_id, self.client.continued(self.request, self.chat_body, chat_reply))
-
-    def _events(self, chat: dict[str, Any]) -> list[dict[str, Any]]:
-        translator = self.client.chat_translator(self.request)
-        events = [event for chunk in chunks(chat, include_usage=True) for event in translator.feed(chunk)]
-        return events + translator.end()
 
 
 class ResponseChains:

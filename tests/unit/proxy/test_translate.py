@@ -157,3 +157,15 @@ def test_an_answer_that_is_not_a_json_object_is_not_made_a_stream() -> None:
 
 def _json(body: Any) -> bytes:
     return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("endpoint", ["messages", "responses"])
+def test_the_record_of_a_translated_stream_is_what_the_client_got(endpoint: str) -> None:
+    """The record is rebuilt from the chat stream, and says what the stream said, ids included (a
+    later `previous_response_id` names the id the client got)."""
+    client = dialects.named(endpoint)
+    stream = TranslatedStream(client, {"model": "m"})
+    written = stream.relay(UPSTREAM_BYTES) + stream.end()
+    assembler = StreamAssembler(client)
+    assembler.feed(written)
+    assert stream.result().body == assembler.result().body
