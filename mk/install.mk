@@ -4,6 +4,7 @@
 #            mini-swe-agent from PyPI into its own venv $(MINI_VENV) (versions: docs/agents.md §1)
 #   dockerd  docker.io from apt when missing, dockerd started when not answering (checked every time)
 #   chromium Debian's chromium, for the web viewer's browser tests (checked every time)
+#   zsh      Debian's zsh, for the completion tests (bash is there already; checked every time)
 
 NPM_PREFIX := .cache/npm
 OPENCODE_VERSION := 1.18.33
@@ -20,9 +21,9 @@ MINI_STAMP := $(MINI_VENV)/.modeltap-installed
 VENV_STAMP := $(VENV)/.modeltap-installed
 AGENTS_STAMP := $(NPM_PREFIX)/.installed-opencode-$(OPENCODE_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)-codex-$(CODEX_VERSION)-qwen-code-$(QWEN_CODE_VERSION)
 
-.PHONY: setup venv agents dockerd chromium
+.PHONY: setup venv agents dockerd chromium zsh
 
-setup: venv agents dockerd chromium
+setup: venv agents dockerd chromium zsh
 
 venv: $(VENV_STAMP)
 
@@ -48,3 +49,6 @@ dockerd:
 
 chromium:
 	command -v chromium >/dev/null || scripts/apt-install.sh chromium
+
+zsh:
+	command -v zsh >/dev/null || scripts/apt-install.sh zsh

@@ -21,6 +21,8 @@ A dialect answers, for its format:
   it arrives; a non-streamed reply is converted through it too), `upstream_error` (a chat upstream's
   error as the format's clients parse it) and, for a format whose requests chain to an earlier reply,
   `previous_id`, `reply_id` and `continued`.
+- traces: `operation` and `provider`, the format's names in the OpenTelemetry GenAI conventions
+  (docs/otel.md).
 
 Adding a format: write `modeltap/dialects/<format>.py` with a `Dialect` subclass overriding what the
 format has (the defaults say "nothing of that kind"), end it with `DIALECT = MyFormat()`, and add that
@@ -92,6 +94,10 @@ class Summary:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     model: str | None = None
+    cache_read_tokens: int | None = None
+    """Prompt tokens served from the provider's cache (part of `prompt_tokens`)."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the provider's cache (part of `prompt_tokens`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +190,11 @@ class Dialect:
     translates: ClassVar[bool] = False
     """Whether modeltap can send its requests to an upstream as OpenAI chat, and answer back in this
     format, when the upstream does not serve it."""
+    operation: ClassVar[str | None] = None
+    """The call's `gen_ai.operation.name` in the GenAI conventions (docs/otel.md): "chat",
+    "text_completion", "embeddings"; None for a format that calls no model."""
+    provider: ClassVar[str] = "openai"
+    """Whose API the format is, as `gen_ai.provider.name` names it (docs/otel.md)."""
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -281,6 +292,13 @@ class Dialect:
         usage = as_dict(reply.get("usage"))
         return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
 
+    def cache_usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(read from, written to) the provider's prompt cache: OpenAI reports only what it read, as
+        `prompt_tokens_details.cached_tokens` (Responses: `input_tokens_details`)."""
+        usage = as_dict(reply.get("usage"))
+        details = as_dict(usage.get("prompt_tokens_details") or usage.get("input_tokens_details"))
+        return as_int(details.get("cached_tokens")), None
+
     def summary(self, request: Any, response: Any) -> Summary:
         """The exchange at a glance.
 
@@ -297,7 +315,10 @@ class Dialect:
         model = as_str(reply.get("model"))
         if model is None or model in _NO_MODEL:
             model = as_str(as_dict(request).get("model"))
-        return Summary(finish_reason, text, tool_calls, prompt_tokens, completion_tokens, model)
+        cache_read, cache_write = self.cache_usage(reply)
+        return Summary(
+            finish_reason, text, tool_calls, prompt_tokens, completion_tokens, model, cache_read, cache_write
+        )
 
     def new_messages(self, request: Any, previous: Any) -> list[Any]:
         """The messages `request` added against `previous`, the request of the turn it continues.
