@@ -74,7 +74,8 @@ def names_for(
     hint = next((v for h in SESSION_HINTS if (v := headers.get(h)) and _NAME.fullmatch(v)), None)
     if hint is not None:
         return Names(hint, labels)
-    conversation = anonymous.session_of(dialect, body) if body is not None else None
+    client = labels.get("client")
+    conversation = anonymous.session_of(dialect, body, client) if body is not None else None
     return Names(conversation or ANONYMOUS_SESSION, labels)
 
 
