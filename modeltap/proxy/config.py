@@ -104,6 +104,9 @@ class ProxyConfig:
         flag="--session-ttl",
     )
     keep_raw_sse: bool = option(False, "also store streams' raw bytes")
+    max_store_bytes: int | None = option(
+        None, "warn once when the records database grows past this many bytes (then: modeltap prune)"
+    )
     observers: list[str] = option(
         [], "an observer of every exchange, MODULE:ATTR (a class or factory); repeatable", flag="--observer"
     )
@@ -121,6 +124,11 @@ class ProxyConfig:
             raise ValueError(f"port must be 0..65535, not {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if os.pathsep in self.store or any(c in self.store for c in "*?["):
+            raise ValueError(
+                f"store must be one database path, not {self.store!r}: a proxy writes one store "
+                "(the readers take several, a list or a glob)"
+            )
 
     @property
     def store_path(self) -> Path:
