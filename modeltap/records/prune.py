@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sqlite3 import Connection
 
 # Sessions deleted per transaction: a ~30-turn session takes about a millisecond, so the writer waits
-# well under a second for the lock, far below its busy timeout (store.py: 5 s).
+# well under a second for the lock, far below its busy timeout (5 s: docs/sqlite.md §2).
 PRUNE_BATCH_SESSIONS = 50
 # Pages given back per vacuum step (4 MiB at SQLite's default 4 KiB page): a short hold of the lock.
 VACUUM_STEP_PAGES = 1024
@@ -119,7 +119,7 @@ def vacuum(path: Path | str) -> Vacuumed:
         incremental = conn.execute("PRAGMA auto_vacuum").fetchone()[0] == _INCREMENTAL
         if incremental:
             while conn.execute("PRAGMA freelist_count").fetchone()[0]:
-                # executescript steps the pragma to its end (a plain execute frees one page).
+                # executescript steps the pragma to its end; execute frees one page (docs/sqlite.md §4).
                 conn.executescript(f"PRAGMA incremental_vacuum({VACUUM_STEP_PAGES});")
         else:
             conn.execute("VACUUM")  # and from now on incremental: connect() asked for it
@@ -151,7 +151,8 @@ def _chosen(
 
 
 def _delete(conn: Connection, session_ids: Sequence[str]) -> Freed:
-    """Delete whole sessions and their unshared blobs in one transaction."""
+    """Delete whole sessions and their unshared blobs (those no session references any more) in one
+    transaction."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         sessions = exchanges = stored = 0
@@ -167,10 +168,8 @@ def _delete(conn: Connection, session_ids: Sequence[str]) -> Freed:
                    FROM exchanges WHERE session_id = ?""",
                 (session_id,),
             ).fetchone()
-            candidates.update(
-                h
-                for (h,) in conn.execute("SELECT hash FROM session_blobs WHERE session_id = ?", (session_id,))
-            )
+            linked = conn.execute("SELECT hash FROM session_blobs WHERE session_id = ?", (session_id,))
+            candidates.update(digest for (digest,) in linked)
             for sql in (
                 "DELETE FROM exchanges WHERE session_id = ?",
                 "DELETE FROM session_labels WHERE session_id = ?",
@@ -180,12 +179,9 @@ def _delete(conn: Connection, session_ids: Sequence[str]) -> Freed:
                 conn.execute(sql, (session_id,))
             sessions, exchanges, stored = sessions + 1, exchanges + count, stored + size
         blobs = 0
-        for digest in candidates:
-            row = conn.execute(
-                """DELETE FROM blobs WHERE hash = ?
-                   AND NOT EXISTS (SELECT 1 FROM session_blobs WHERE hash = ?) RETURNING LENGTH(data)""",
-                (digest, digest),
-            ).fetchone()
+        for digest in candidates:  # the links just deleted counted themselves out of `refs`
+            sql = "DELETE FROM blobs WHERE hash = ? AND refs <= 0 RETURNING LENGTH(data)"
+            row = conn.execute(sql, (digest,)).fetchone()
             if row is not None:
                 blobs, stored = blobs + 1, stored + row[0]
         conn.execute("COMMIT")

@@ -80,7 +80,8 @@ class SessionQuery:
         args: list[Any] = []
         where: list[str] = []
         if self.labels and self.changed_after is None:
-            # CROSS JOIN keeps SQLite from reordering: the label's index gives the sessions in order.
+            # CROSS JOIN keeps SQLite from reordering: the label's index gives the sessions in order
+            # (docs/sqlite.md §5).
             source, created = "session_labels l CROSS JOIN sessions s", "l.created"
             (key, value), rest = self.labels[0], self.labels[1:]
             where += ["l.key = ?", "l.value = ?", "s.id = l.session_id"]

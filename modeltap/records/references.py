@@ -1,10 +1,14 @@
-"""Which sessions reference which blobs (`session_blobs`), so that deleting sessions deletes a blob only
-once no session left references it: the messages two rollouts of a task share stay with the one kept.
+"""Which sessions reference which blobs (`session_blobs`), and how many do (`blobs.refs`), so that
+deleting sessions deletes a blob only once no session left references it: the messages two rollouts
+of a task share stay with the one kept.
 
-Owns: the table, its backfill when a schema-1 store is upgraded (each stored request skeleton read
-once, session by session, following its list nodes), and the owner of the blobs of exchanges that
-belong to no session (never pruned). Does not own: linking new blobs as they are written (the
-writer, store.py) or deleting (prune.py).
+Owns: the table, the triggers that keep each blob's count of sessions as links come and go, the
+backfill when a schema-1 store is upgraded (each stored request skeleton read once, session by
+session, following its list nodes), and the owner of the blobs of exchanges that belong to no
+session (never pruned). A count rather than an index of links by blob: a blob's row is where the
+writer has just been (it wrote the blob, or it is a shared one that stays cached), while an index by
+hash takes an insert at a random place for every link (docs/sqlite.md §6, §7). Does not own: linking
+new blobs as they are written (the writer, store.py) or deleting (prune.py).
 
     references.upgrade(conn)        # inside the migration's transaction
 """
@@ -23,17 +27,21 @@ if TYPE_CHECKING:
 NO_SESSION = ""
 
 SCHEMA_2 = (
+    "ALTER TABLE blobs ADD COLUMN refs INTEGER NOT NULL DEFAULT 0",
     """CREATE TABLE session_blobs (
         session_id TEXT NOT NULL,
         hash TEXT NOT NULL,
         PRIMARY KEY (session_id, hash)
     ) WITHOUT ROWID""",
-    "CREATE INDEX session_blobs_hash ON session_blobs (hash)",
+    """CREATE TRIGGER session_blobs_linked AFTER INSERT ON session_blobs
+       BEGIN UPDATE blobs SET refs = refs + 1 WHERE hash = NEW.hash; END""",
+    """CREATE TRIGGER session_blobs_unlinked AFTER DELETE ON session_blobs
+       BEGIN UPDATE blobs SET refs = refs - 1 WHERE hash = OLD.hash; END""",
 )
 
 
 def upgrade(conn: Connection) -> None:
-    """Schema 1 -> 2: create `session_blobs` and fill it from what is stored."""
+    """Schema 1 -> 2: create `session_blobs` and fill it (and so the counts) from what is stored."""
     for statement in SCHEMA_2:
         conn.execute(statement)
     rows = conn.execute(

@@ -60,6 +60,10 @@ BATCH_MAX = 256
 KNOWN_BLOBS_MAX = 65536
 # Sessions whose latest message list the writer remembers, to store the next turn as an extension.
 LAST_LISTS_MAX = 4096
+# Blobs a reader keeps in memory, undecoded: turn k of a session repeats the messages of the turns
+# before it, so `show` reads each once instead of once per later turn (a 30-turn session: ~60 blobs
+# of ~1 kB, not ~1,400 lookups).
+READER_BLOBS_MAX = 4096
 # How long close() waits for the writer to drain before saying so.
 CLOSE_TIMEOUT_S = 30.0
 # The error class of an exchange whose full record could not be written (its minimal record says why).
@@ -138,7 +142,7 @@ def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         # Pages a prune frees go back to the file system, a little at a time, with `modeltap vacuum`
         # while `serve` writes (a full VACUUM would hold the write lock for its whole run). It takes
-        # effect in a database that has no table yet, or at its next full VACUUM.
+        # effect in a database that has no table yet, or at its next full VACUUM (docs/sqlite.md §4).
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
         # WAL + NORMAL survives a crash of the process (not of the OS) without losing commits.
@@ -225,7 +229,9 @@ class RecordStore:
         self._last_lists: OrderedDict[tuple[str | None, str], tuple[str, list[str]]] = OrderedDict()
         # (session, blob) pairs known to be in `session_blobs`, like `_known` for the blobs.
         self._linked: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._refs: list[str] = []  # the blobs the exchange being written references
+        # The blobs the exchange being written references that its session may not have linked yet: a
+        # list's node and new elements (what the node extends was linked with it), the context blobs.
+        self._refs: list[str] = []
         self._rollups = rollups.Rollups()
         self._data_version: int | None = None
         self._size_warned = False
@@ -378,7 +384,8 @@ class RecordStore:
 
     def _begin(self, conn: sqlite3.Connection) -> None:
         """Open a write transaction. When another connection has written since (a prune), what the
-        writer remembers of the rows (known blobs, lists, sessions) may be gone: forget it."""
+        writer remembers of the rows (known blobs, lists, sessions) may be gone: forget it. Exact,
+        since nobody else can commit until this transaction does (docs/sqlite.md §3)."""
         conn.execute("BEGIN IMMEDIATE")
         version = conn.execute("PRAGMA data_version").fetchone()[0]
         if self._data_version is not None and version != self._data_version:
@@ -539,6 +546,7 @@ class RecordStore:
                 refs[key] = {"list": self._list(conn, (session, key), [self._blob(conn, e) for e in value])}
             elif key in dialect.context_fields and value is not None:
                 refs[key] = self._blob(conn, value)
+                self._refs.append(refs[key])
             else:
                 rest[key] = value
         return _compress_json({"body": rest, "refs": refs, "order": list(body)})
@@ -547,9 +555,12 @@ class RecordStore:
         """A list node, extending the session's previous list when this one starts with it."""
         prev = self._last_lists.get(key) if key[0] is not None else None
         if prev is not None and prev[1] and hashes[: len(prev[1])] == prev[1]:
-            node = self._blob(conn, {"prev": prev[0], "add": hashes[len(prev[1]) :]})
+            added = hashes[len(prev[1]) :]
+            node = self._blob(conn, {"prev": prev[0], "add": added})
         else:
+            added = hashes
             node = self._blob(conn, {"prev": None, "add": hashes})
+        self._refs += [node, *added]
         if key[0] is not None:
             self._last_lists[key] = (node, hashes)
             self._last_lists.move_to_end(key)
@@ -561,7 +572,6 @@ class RecordStore:
         data = _dumps(value).encode()
         # 128 bits: collisions are out of reach (2^64 blobs), and every reference costs half a SHA-256's.
         digest = hashlib.blake2b(data, digest_size=16).hexdigest()
-        self._refs.append(digest)
         if digest in self._known:
             self._known.move_to_end(digest)
             return digest
@@ -651,6 +661,7 @@ class StoreReader:
             )
         self.path = path
         self._conn = connect(path, readonly=True)
+        self._texts: dict[str, bytes] = {}
         version = self._conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             self._conn.close()
@@ -758,7 +769,7 @@ class StoreReader:
     @contextlib.contextmanager
     def _snapshot(self) -> Iterator[None]:
         """One read transaction: rows and the blobs they reference are read as of one moment, so a
-        prune that commits meanwhile is seen whole or not at all."""
+        prune that commits meanwhile is seen whole or not at all (docs/sqlite.md §1)."""
         if self._conn.in_transaction:
             yield
             return
@@ -818,10 +829,17 @@ class StoreReader:
         return [h for chunk in reversed(chunks) for h in chunk]
 
     def _blob(self, digest: str) -> Any:
-        row = self._conn.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
-        if row is None:
-            raise RuntimeError(f"records database {self.path} is missing blob {digest}")
-        return json.loads(zlib.decompress(row[0]))
+        """The blob's value, decoded afresh (callers may change it); its text comes from the cache when
+        an earlier turn read it: a blob never changes."""
+        text = self._texts.get(digest)
+        if text is None:
+            row = self._conn.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
+            if row is None:
+                raise RuntimeError(f"records database {self.path} is missing blob {digest}")
+            text = self._texts[digest] = zlib.decompress(row[0])
+            if len(self._texts) > READER_BLOBS_MAX:
+                self._texts.pop(next(iter(self._texts)))
+        return json.loads(text)
 
 
 def _session(row: sqlite3.Row) -> dict[str, Any]:

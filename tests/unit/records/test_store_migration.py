@@ -89,10 +89,13 @@ async def landed_store(tmp_path: Path) -> tuple[Path, Path]:
     return today, landed
 
 
-def links(path: Path) -> set[tuple[str, str]]:
+def links(path: Path) -> tuple[set[tuple[str, str]], set[tuple[str, int]]]:
+    """Which session references which blob, and each blob's count of sessions."""
     conn = connect(path, readonly=True)
     try:
-        return set(conn.execute("SELECT session_id, hash FROM session_blobs"))
+        return set(conn.execute("SELECT session_id, hash FROM session_blobs")), set(
+            conn.execute("SELECT hash, refs FROM blobs")
+        )
     finally:
         conn.close()
 
