@@ -124,10 +124,10 @@ class ProxyConfig:
             raise ValueError(f"port must be 0..65535, not {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
-        if os.pathsep in self.store or any(c in self.store for c in "*?["):
+        if os.pathsep in self.store:
             raise ValueError(
-                f"store must be one database path, not {self.store!r}: a proxy writes one store "
-                "(the readers take several, a list or a glob)"
+                f"store must be one database path, not the list {self.store!r}: a proxy writes one store "
+                "(the readers take several)"
             )
 
     @property

@@ -125,6 +125,7 @@ async def test_the_api_pages_filters_and_answers_a_poll_with_only_what_changed(
     assert len(turns["turns"]) == 2 and turns["store"] == str(path)
     assert (await client.get("/api/sessions/s-nope/turns")).status == 404
     assert (await client.get("/api/sessions", params={"limit": "0"})).status == 400
+    assert (await client.get("/api/sessions", params={"since": "[1]"})).status == 400
 
 
 async def test_several_stores_in_one_viewer(tmp_path: Path, aiohttp_client: Callable[..., Any]) -> None:

@@ -112,7 +112,7 @@ async def _sessions(request: web.Request) -> web.Response:
     `outcome`, `errors`, `sort`, `limit`), or with `since` ({store: revision}) only those changed
     after it; `full` says when the page had to be sent whole instead."""
     query = _query(request.query)
-    since: dict[str, int] | None = json.loads(request.query["since"]) if "since" in request.query else None
+    since = _revisions(request.query["since"]) if "since" in request.query else None
 
     def run(stores: Stores) -> dict[str, Any]:
         revisions = {str(r.path): r.revision() for r in stores.readers}
@@ -133,6 +133,17 @@ async def _sessions(request: web.Request) -> web.Response:
         }
 
     return web.json_response(await _in_thread(request, run))
+
+
+def _revisions(text: str) -> dict[str, int]:
+    """`since`: the revision of each store the page has seen, as JSON."""
+    try:
+        revisions = json.loads(text)
+    except ValueError:
+        revisions = None
+    if not isinstance(revisions, dict) or not all(isinstance(v, int) for v in revisions.values()):
+        raise web.HTTPBadRequest(text='since must be a JSON object of revisions, {"store": 12}')
+    return revisions
 
 
 def _query(params: Any) -> SessionQuery:
