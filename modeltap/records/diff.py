@@ -166,12 +166,13 @@ def _difference(
 def _side_turn(turn: dict[str, Any] | None) -> dict[str, Any]:
     """What one side of the differing turn shows: its new messages, tool calls and reply."""
     if turn is None:
-        return {"turn": None, "new_messages": [], "tool_calls": [], "reply": None, "finish_reason": None,
-                "status": None, "error": None}  # fmt: skip
+        return {"turn": None, "endpoint": None, "new_messages": [], "tool_calls": [], "reply": None,
+                "finish_reason": None, "status": None, "error": None}  # fmt: skip
     messages = [dict(zip(("role", "text"), describe_message(m), strict=True)) for m in turn["new_messages"]]
     calls = [{"name": c["name"], "arguments": _arguments(c["arguments"])} for c in turn["tool_calls"]]
     return {
         "turn": turn["turn"],
+        "endpoint": turn["endpoint"] or turn["path"],
         "new_messages": messages,
         "tool_calls": calls,
         "reply": turn["reply"],
@@ -253,7 +254,7 @@ def _turn_lines(turn: dict[str, Any], width: int) -> list[str]:
     """One side of the differing turn, wrapped to its column."""
     if turn["turn"] is None:
         return ["(no such turn: the session ended)"]
-    lines: list[str] = []
+    lines = [f"{turn['endpoint']}  status {turn['status'] or '-'}  finish {turn['finish_reason'] or '-'}"]
     for message in turn["new_messages"]:
         lines += _wrap(f"+ {message['role']}: ", message["text"], width)
     for call in turn["tool_calls"]:
@@ -262,7 +263,6 @@ def _turn_lines(turn: dict[str, Any], width: int) -> list[str]:
         lines += _wrap("← reply ", turn["reply"], width)
     if turn["error"]:
         lines += _wrap("! ", f"{turn['error']['class']}: {turn['error']['message'] or ''}", width)
-    lines.append(f"  finish {turn['finish_reason'] or '-'}, status {turn['status'] or '-'}")
     return lines
 
 

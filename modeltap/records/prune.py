@@ -63,7 +63,7 @@ class Freed:
     def text(self) -> str:
         return (
             f"pruned {self.sessions} session(s), {self.exchanges} exchange(s) and {self.blobs} unshared "
-            f"blob(s): {_mib(self.bytes)} of records; the file now holds {_mib(self.free_bytes)} of free "
+            f"blob(s): {_size(self.bytes)} of records; the file now holds {_size(self.free_bytes)} of free "
             "pages, which new records reuse (`modeltap vacuum` gives them back to the file system)"
         )
 
@@ -78,7 +78,7 @@ class Vacuumed:
 
     def text(self) -> str:
         how = "in small steps" if self.incremental else "in one pass"
-        return f"vacuumed {how}: {_mib(self.before_bytes)} -> {_mib(self.after_bytes)}"
+        return f"vacuumed {how}: {_size(self.before_bytes)} -> {_size(self.after_bytes)}"
 
 
 def prune(
@@ -202,5 +202,5 @@ def _file_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in (path, wal_path(path)) if p.exists())
 
 
-def _mib(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB"
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"

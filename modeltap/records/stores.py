@@ -128,9 +128,12 @@ class Stores:
             return exact[0]
         if len(matches) == 1:
             return matches[0]
-        if exact:
-            where = ", ".join(str(reader.path) for reader, _ in exact)
-            raise ValueError(f"session {prefix} is in {len(exact)} stores ({where}); name one with --store")
+        same = exact or (matches if len({sid for _, sid in matches}) == 1 else [])
+        if same:
+            where = ", ".join(str(reader.path) for reader, _ in same)
+            raise ValueError(
+                f"session {same[0][1]} is in {len(same)} stores ({where}); name one with --store"
+            )
         found = ", ".join(self._named(reader, sid) for reader, sid in matches[:AMBIGUOUS_SHOWN]) or "none"
         count = str(len(matches)) if len(matches) <= AMBIGUOUS_SHOWN else f"more than {AMBIGUOUS_SHOWN}"
         raise ValueError(f"{prefix!r} names {count} sessions ({found}); give more of the id")

@@ -68,8 +68,9 @@ async def test_a_session_is_found_in_whichever_store_has_it(tmp_path: Path) -> N
         assert (reader.path, session) == (two, "s-xyz")
         reader, session = stores.resolve("s-abc")
         assert (reader.path, session) == (one, "s-abc1")
-        with pytest.raises(ValueError, match=r"s-same is in 2 stores .*name one with --store"):
-            stores.resolve("s-same")
+        for prefix in ("s-same", "s-sa"):
+            with pytest.raises(ValueError, match=r"s-same is in 2 stores .*name one with --store"):
+                stores.resolve(prefix)
         with pytest.raises(ValueError, match=r"names 4 sessions \(s-abc1 in .*give more of the id"):
             stores.resolve("s-")
         with pytest.raises(ValueError, match="names 0 sessions"):
