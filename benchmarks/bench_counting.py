@@ -30,7 +30,7 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from benchmarks import machine
-from benchmarks.report import fmt, table
+from benchmarks.report import fmt, table, verdict
 from modeltap.proxy.routes import Endpoint
 from modeltap.proxy.tokens import VERIFY_FIRST_REQUESTS, TokenCounter
 
@@ -274,9 +274,9 @@ def report(runs: dict[int, tuple[dict[str, float], dict[str, Any]]], command: st
     lines += [
         "",
         f"Goals at {min(runs):,} tokens: the incremental count costs at most {GOAL_RATIO:g} of a full "
-        f"encode: {fmt(first['ratio_at_size'], 3)} ({_verdict(first['ratio_at_size'] <= GOAL_RATIO)}); "
+        f"encode: {fmt(first['ratio_at_size'], 3)} ({verdict(first['ratio_at_size'] <= GOAL_RATIO)}); "
         f"under {GOAL_MS:g} ms per request: {fmt(first['inc_at_size'])} ms at size "
-        f"({_verdict(first['inc_at_size'] < GOAL_MS)}), p99 over the conversation "
+        f"({verdict(first['inc_at_size'] < GOAL_MS)}), p99 over the conversation "
         f"{fmt(first['inc_p99'])} ms. Rendering the chat template is "
         f"{first['render_at_size'] / first['inc_at_size']:.0%} of the incremental count at that size; "
         "the rest (normalising, splitting at added tokens, cache lookups, encoding new pieces) is what",
@@ -285,10 +285,6 @@ def report(runs: dict[int, tuple[dict[str, float], dict[str, Any]]], command: st
         "",
     ]
     return "\n".join(lines)
-
-
-def _verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
 
 
 def main() -> None:
