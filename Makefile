@@ -24,7 +24,7 @@ help:
 	@echo "make test    install everything (venv, agent CLIs, dockerd, chromium) and run every tier: lint test-pytest $(TEST_TIERS)"
 	@echo "make demo    install the venv and the agent CLIs and run 'modeltap demo'"
 	@echo "make lint    ruff check, ruff format --check, mypy --strict on the package"
-	@echo "make bench   modeltap side by side with its peers (benchmarks/README.md)"
+	@echo "make bench   modeltap side by side with its peers, and its store at 1M exchanges (benchmarks/README.md)"
 	@echo "make setup   only the set-up (targets: venv, agents, dockerd, chromium)"
 
 # Every tier runs even when an earlier one fails, so one failure does not hide the others; the exit

@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from benchmarks import budget_memory, machine
 from benchmarks.configs import qwen_tokenizer_dir
-from benchmarks.report import fmt, table
+from benchmarks.report import fmt, table, verdict
 from modeltap import dialects
 from modeltap.proxy.loaded_tokenizer import LoadedTokenizer
 from modeltap.proxy.tokens import VERIFY_FIRST_REQUESTS, TokenCounter, check_interval
@@ -345,18 +345,14 @@ def _goals(summ: dict[str, Any], served: list[budget_memory.Served], sizes: tupl
     return [
         "Goals:",
         f"- a turn at {large:,} within {GOAL_GROWTH:g}x of one at {small:,}: {growth:.2f}x "
-        f"({_verdict(growth <= GOAL_GROWTH)});",
+        f"({verdict(growth <= GOAL_GROWTH)});",
         f"- a turn at {small:,} at most {GOAL_OF_FULL:g} of a full encode: {of_full:.3f} "
-        f"({_verdict(of_full <= GOAL_OF_FULL)});",
+        f"({verdict(of_full <= GOAL_OF_FULL)});",
         f"- the first request of a new {small:,} conversation no slower than before: {first:.2f}x "
-        f"({_verdict(first <= 1.0)});",
+        f"({verdict(first <= 1.0)});",
         f"- serve's peak RSS with the budget on at most {GOAL_PEAK_MB:g} MB: {peak:.0f} MB "
-        f"({_verdict(peak <= GOAL_PEAK_MB)}).",
+        f"({verdict(peak <= GOAL_PEAK_MB)}).",
     ]
-
-
-def _verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
 
 
 def main() -> None:

@@ -133,7 +133,7 @@ def run(agents: int, requests: int, workdir: Path, time_cap_s: float = DEFAULT_T
             "serve",
             *("--upstream", f"http://{HOST}:{upstream_port}/v1"),
             *("--host", HOST, "--port", str(proxy_port)),
-            *("--store", str(store), "--admin-key", admin_key, "--upstream-key", "sk-load-test"),
+            *("--store", str(store), f"--admin-key={admin_key}", "--upstream-key", "sk-load-test"),
         ]
         proxy = start("modeltap", argv, workdir, cwd=REPO)
         wait_listening(proxy, proxy_port)

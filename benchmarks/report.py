@@ -16,6 +16,11 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def verdict(met: bool) -> str:
+    """A goal's cell: met or not."""
+    return "met" if met else "NOT met"
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A markdown table as lines."""
     return [

@@ -32,25 +32,39 @@ from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoi
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.records.console import ConsoleLog
+from modeltap.records.diff import compare, diff_text, side
+from modeltap.records.exchange import OUTCOMES
 from modeltap.records.export import FORMATS, send_otlp, write_export
+from modeltap.records.listing import groups_table, sessions_table
 from modeltap.records.mock import load_mock, mock_app
+from modeltap.records.prune import needs_full_vacuum, prune, vacuum
+from modeltap.records.query import DEFAULT_GROUP_LABEL, DEFAULT_LIMIT, SessionQuery, parse_label, parse_when
 from modeltap.records.replay import comparison_text, replay
-from modeltap.records.store import StoreReader
+from modeltap.records.stores import Stores, expand, patterns_from
+from modeltap.records.tail import follow
 from modeltap.records.ui import viewer_app
-from modeltap.records.view import (
-    follow,
-    pretty,
-    resolve_session,
-    session_turns,
-    sessions_table,
-    turn_text,
-    turns,
-)
+from modeltap.records.view import pretty, session_turns, turn_text, turns
 
 EPILOG_SERVE = """example:
   modeltap serve --upstream http://10.0.0.5:41235 --port 8080
   # then: opencode baseURL http://127.0.0.1:8080/v1, Claude Code ANTHROPIC_BASE_URL=http://127.0.0.1:8080"""
 
+EPILOG_SESSIONS = """examples:
+  modeltap sessions                    the newest 50: turns, tokens, errors, reward, outcome
+  modeltap sessions --label task_id=fix-bug --outcome failed --since 2h
+  modeltap sessions --store 'nodes/*/records.db' --all --json    every node's sessions, for scripts"""
+EPILOG_GROUPS = """examples:
+  modeltap groups                   one line per task: samples, mean reward, share of each outcome
+  modeltap groups --label agent     the same, per agent"""
+EPILOG_DIFF = """example:
+  modeltap diff s-3f2a s-9c1e       where a failed and a passed sample of one task part ways
+exit status 0 when the model traffic is the same, 1 when it differs, 2 on error (as diff)"""
+EPILOG_PRUNE = """examples:
+  modeltap prune --before 7d                        sessions last active more than a week ago
+  modeltap prune --keep-last 1000 --label experiment=grpo-7
+safe while `modeltap serve` writes; then `modeltap vacuum` gives the space back"""
+EPILOG_VACUUM = """example:
+  modeltap vacuum --store .modeltap/records.db"""
 EPILOG_SHOW = """examples:
   modeltap show s-3f2a              every turn: new messages, tool calls and results, reply, tokens, timing
   modeltap show s-3f2a 4 --full     turn 4 in full, with its request and response bodies
@@ -120,10 +134,24 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sessions = _command(
-        commands, "sessions", _sessions, "list recorded sessions", "example:\n  modeltap sessions --json"
+        commands, "sessions", _sessions, "list recorded sessions, newest first", EPILOG_SESSIONS
     )
+    _filter_options(sessions)
     _store_option(sessions)
     _json_option(sessions)
+
+    groups = _command(
+        commands,
+        "groups",
+        _groups,
+        "sessions grouped by a label: rewards and outcomes per task",
+        EPILOG_GROUPS,
+    )
+    groups.add_argument(
+        "--label", default=DEFAULT_GROUP_LABEL, help=f"the label to group by (default {DEFAULT_GROUP_LABEL})"
+    )
+    _store_option(groups)
+    _json_option(groups)
 
     show = _command(commands, "show", _show, "show a session turn by turn: what each turn added", EPILOG_SHOW)
     show.add_argument("session", help="session id, or its first characters")
@@ -131,6 +159,12 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--full", action="store_true", help="with the full request and response bodies")
     _store_option(show)
     _json_option(show)
+
+    diff = _command(commands, "diff", _diff, "where two sessions part ways, turn by turn", EPILOG_DIFF)
+    diff.add_argument("a", help="a session id, or its first characters")
+    diff.add_argument("b", help="the session to compare it with")
+    _store_option(diff)
+    _json_option(diff)
 
     tail = _command(commands, "tail", _tail, "follow exchanges live as they are recorded", EPILOG_TAIL)
     tail.add_argument("--session", help="only this session (id, or its first characters)")
@@ -185,6 +219,26 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
     _store_option(ui)
 
+    prune_ = _command(
+        commands, "prune", _prune, "delete old sessions and the records only they hold", EPILOG_PRUNE
+    )
+    which = prune_.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--before", help="sessions last active before this: an ISO time, or a duration ago (7d)"
+    )
+    which.add_argument(
+        "--keep-last", type=int, metavar="N", help="keep the newest N sessions, delete the rest"
+    )
+    prune_.add_argument(
+        "--label", action="append", metavar="K=V", help="only sessions with this label; repeatable"
+    )
+    _store_option(prune_)
+
+    vacuum_ = _command(
+        commands, "vacuum", _vacuum, "give the space pruned records held back to the disk", EPILOG_VACUUM
+    )
+    _store_option(vacuum_)
+
     doctor_ = _command(
         commands,
         "doctor",
@@ -204,7 +258,7 @@ def _parser() -> argparse.ArgumentParser:
         "play a scripted agent conversation through modeltap",
         "example:\n  modeltap demo",
     )
-    _store_option(demo)
+    _store_option(demo, several=False)
 
     completion = _command(
         commands,
@@ -271,8 +325,34 @@ def _without_none(hint: Any) -> Any:
     return hint
 
 
-def _store_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", help=f"records database (default $MODELTAP_STORE or {DEFAULT_STORE})")
+def _store_option(parser: argparse.ArgumentParser, *, several: bool = True) -> None:
+    if not several:
+        parser.add_argument("--store", help=f"records database (default $MODELTAP_STORE or {DEFAULT_STORE})")
+        return
+    parser.add_argument(
+        "--store",
+        action="append",
+        help=f"records database; repeatable, globs too (default $MODELTAP_STORE, which may list several "
+        f"separated by {os.pathsep!r}, or {DEFAULT_STORE})",
+    )
+
+
+def _filter_options(parser: argparse.ArgumentParser) -> None:
+    """`sessions`' filters: they combine."""
+    parser.add_argument(
+        "--label", action="append", metavar="K=V", help="only sessions with this label; repeatable"
+    )
+    parser.add_argument("--outcome", choices=OUTCOMES, help="only rollouts that ended so")
+    parser.add_argument("--errors", action="store_true", help="only sessions with an exchange that failed")
+    parser.add_argument("--since", help="started at or after this: an ISO time, or a duration ago (2h, 7d)")
+    parser.add_argument("--until", help="started before this: an ISO time, or a duration ago")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        help=f"at most N sessions, newest first (default {DEFAULT_LIMIT})",
+    )
+    parser.add_argument("--all", action="store_true", help="every session (no --limit)")
 
 
 def _json_option(parser: argparse.ArgumentParser) -> None:
@@ -280,7 +360,17 @@ def _json_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _store_path(args: argparse.Namespace) -> str:
+    """The one store a writing command works on."""
     return str(args.store or os.environ.get("MODELTAP_STORE") or DEFAULT_STORE)
+
+
+def _store_patterns(args: argparse.Namespace) -> list[str]:
+    """What names the stores a reader reads: `--store` (repeatable, globs), else MODELTAP_STORE."""
+    return patterns_from(args.store, os.environ, DEFAULT_STORE)
+
+
+def _stores(args: argparse.Namespace) -> Stores:
+    return Stores.open(_store_patterns(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -325,16 +415,64 @@ def _stop_on_signals() -> asyncio.Event:
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    with StoreReader(_store_path(args)) as reader:
-        rows = reader.sessions()
-    print(json.dumps(rows, indent=2) if args.json else sessions_table(rows))
+    query = SessionQuery(
+        labels=tuple(parse_label(label) for label in args.label or ()),
+        outcome=args.outcome,
+        errors=args.errors,
+        since=parse_when(args.since) if args.since else None,
+        until=parse_when(args.until) if args.until else None,
+        limit=None if args.all else args.limit,
+    )
+    with _stores(args) as stores:
+        rows, several = stores.sessions(query), stores.several
+    if args.json:
+        print(pretty(rows))
+        return 0
+    print(sessions_table(rows, with_store=several))
+    if query.limit is not None and len(rows) == query.limit:
+        print(f"(the newest {query.limit}; --limit N or --all for more)")
+    return 0
+
+
+def _groups(args: argparse.Namespace) -> int:
+    with _stores(args) as stores:
+        rows = stores.groups(args.label)
+    print(pretty(rows) if args.json else groups_table(rows))
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    with _stores(args) as stores:
+        result = compare(side(stores, args.a), side(stores, args.b))
+    print(pretty(result) if args.json else diff_text(result))
+    return 1 if result["differs"] else 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    labels = [parse_label(label) for label in args.label or ()]
+    before = parse_when(args.before) if args.before else None
+    for path in expand(_store_patterns(args)):
+        freed = prune(path, before=before, keep_last=args.keep_last, labels=labels)
+        print(f"{path}: {freed.text()}")
+    return 0
+
+
+def _vacuum(args: argparse.Namespace) -> int:
+    for path in expand(_store_patterns(args)):
+        if path.exists() and needs_full_vacuum(path):
+            print(
+                f"{path} predates incremental vacuuming: this rewrites it in one pass, holding its write "
+                "lock throughout (stop `modeltap serve` first); later vacuums go in small steps",
+                file=sys.stderr,
+            )
+        print(f"{path}: {vacuum(path).text()}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    with StoreReader(_store_path(args)) as reader:
-        session_id = resolve_session(reader, args.session)
-        rows = reader.exchanges(session_id)
+    with _stores(args) as stores:
+        reader, session_id = stores.resolve(args.session)
+        rows, session = reader.exchanges(session_id), reader.session(session_id)
     listed = turns(rows, full=args.full)
     if args.turn is not None:
         if not 1 <= args.turn <= len(listed):
@@ -344,22 +482,26 @@ def _show(args: argparse.Namespace) -> int:
     elif args.json:
         print(pretty(listed))
     else:
-        print("\n\n".join(turn_text(t) for t in listed) if args.full else session_turns(session_id, rows))
+        print(
+            "\n\n".join(turn_text(t) for t in listed)
+            if args.full
+            else session_turns(session_id, rows, session)
+        )
     return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
-    follow(_store_path(args), session=args.session, history=args.lines, as_json=args.json)
+    follow(expand(_store_patterns(args)), session=args.session, history=args.lines, as_json=args.json)
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    with StoreReader(_store_path(args)) as reader:
+    with _stores(args) as stores:
         if args.format == "otlp":
-            return _send_otlp(reader, args)
+            return _send_otlp(stores, args)
         if args.all or args.session is None:
             raise ValueError("give a SESSION (--all goes with --format otlp)")
-        session_id = resolve_session(reader, args.session)
+        reader, session_id = stores.resolve(args.session)
         if args.output is None:
             write_export(reader, session_id, args.format, sys.stdout)
             return 0
@@ -369,7 +511,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _send_otlp(reader: StoreReader, args: argparse.Namespace) -> int:
+def _send_otlp(stores: Stores, args: argparse.Namespace) -> int:
     config = ProxyConfig.from_sources(
         {"otlp_endpoint": args.otlp_endpoint, "otlp_content": args.otlp_content}
     )
@@ -378,16 +520,21 @@ def _send_otlp(reader: StoreReader, args: argparse.Namespace) -> int:
         raise ValueError("--format otlp needs --otlp-endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT)")
     if args.all == (args.session is not None):
         raise ValueError("give a SESSION or --all")
-    sessions = [s["id"] for s in reader.sessions()] if args.all else [resolve_session(reader, args.session)]
-    sent = send_otlp(reader, sessions, endpoint, content=config.otlp_content)
-    print(f"sent {sent} spans of {len(sessions)} session(s) to {endpoint}", file=sys.stderr)
+    if args.all:
+        chosen = [(reader, [s["id"] for s in reader.sessions()]) for reader in stores.readers]
+    else:
+        reader, session_id = stores.resolve(args.session)
+        chosen = [(reader, [session_id])]
+    sent = sum(send_otlp(reader, ids, endpoint, content=config.otlp_content) for reader, ids in chosen)
+    count = sum(len(ids) for _, ids in chosen)
+    print(f"sent {sent} spans of {count} session(s) to {endpoint}", file=sys.stderr)
     return 0
 
 
 def _replay(args: argparse.Namespace) -> int:
-    store = _store_path(args)
-    with StoreReader(store) as reader:
-        session_id = resolve_session(reader, args.session)
+    with _stores(args) as stores:
+        reader, session_id = stores.resolve(args.session)
+        store = str(reader.path)
     flags = {"upstream": args.upstream, "layout": args.layout, "upstream_key": args.upstream_key}
     config = ProxyConfig.from_sources(flags | {"store": store, "host": "127.0.0.1", "port": 0, "sync": True})
     if config.upstream is None:
@@ -414,11 +561,14 @@ async def _replay_through_proxy(
 
 
 def _mock(args: argparse.Namespace) -> int:
-    store = _store_path(args)
-    session_id = None
-    if args.session:
-        with StoreReader(store) as reader:
-            session_id = resolve_session(reader, args.session)
+    with _stores(args) as stores:
+        if args.session:
+            reader, session_id = stores.resolve(args.session)
+        elif stores.several:
+            raise ValueError("without --session, mock serves one store: give one --store")
+        else:
+            reader, session_id = stores.readers[0], None
+        store = str(reader.path)
     mock = load_mock(store, session=session_id, realtime=args.realtime, strict=args.strict)
     what = f"session {session_id} in turn order" if session_id else "every session, matched by request body"
     strict = ", strict: off-script requests get a 409" if args.strict else ""
@@ -431,10 +581,9 @@ def _mock(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    store = _store_path(args)
-    asyncio.run(
-        _serve_app_until_signalled(viewer_app(store), "127.0.0.1", args.port, f"modeltap ui: {store}")
-    )
+    patterns = _store_patterns(args)
+    banner = f"modeltap ui: {', '.join(patterns)}"
+    asyncio.run(_serve_app_until_signalled(viewer_app(patterns), "127.0.0.1", args.port, banner))
     return 0
 
 

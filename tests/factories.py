@@ -3,9 +3,9 @@ tests build, each with the defaults most tests want and keywords for what a test
 
 Owns: the bash tool and the question the SDK-driven tests send; non-streamed OpenAI chat, completions
 and Responses bodies and Anthropic messages; the chunks and SSE framing of their streams; modeltap
-`Exchange`s and a record store written with them; copies of the Qwen2.5 tokenizer folder with another
-config or template, and small byte-level BPE tokenizers. Does not own: what a stand-in upstream answers
-(tests/standins/) or any test's expected values.
+`Exchange`s and a record store written with them and with session events; copies of the Qwen2.5
+tokenizer folder with another config or template, and small byte-level BPE tokenizers. Does not own:
+what a stand-in upstream answers (tests/standins/) or any test's expected values.
 
     CHAT = chat_completion(assistant("42"), usage=usage(25, 5))
     stream = sse_data(chat_chunk({"content": "42"})) + SSE_DONE
@@ -22,7 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from modeltap.proxy import bpe
-from modeltap.records.exchange import Exchange
+from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
 from tests.standins.anthropic_wire import sse_event
 from tests.standins.openai_wire import SSE_DONE, sse_data
@@ -45,6 +45,7 @@ __all__ = [
     "qwen_folder",
     "recorded",
     "response",
+    "rollout",
     "sse_data",
     "sse_event",
     "text_completion",
@@ -258,12 +259,59 @@ def exchange(body: dict[str, Any] | None, response: dict[str, Any] | None, **fie
     return Exchange(**(settings | fields))
 
 
-async def recorded(path: Path, *exchanges: Exchange, keep_raw_sse: bool = False) -> Path:
-    """`exchanges` written to a record store at `path` by the real writer; returns `path`."""
+def rollout(
+    session_id: str,
+    task_id: str,
+    replies: Sequence[dict[str, Any]],
+    *,
+    outcome: RolloutOutcome | None = None,
+    started: float = float(CREATED),
+    labels: dict[str, str] | None = None,
+) -> list[Exchange | SessionEvent]:
+    """One rollout's records as the adapter's proxy writes them: its session opening (labelled with
+    `task_id` and `labels`), a chat turn per assistant message in `replies` (the history growing
+    from a system prompt and the task's prompt that every rollout of the task shares, each tool call
+    answered by a tool result, each reply by "go on"), one second apart, and its outcome."""
+    every = {"task_id": task_id, **(labels or {})}
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " + "Be careful. " * 50},
+        {"role": "user", "content": f"Solve task {task_id}."},
+    ]
+    records: list[Exchange | SessionEvent] = [SessionEvent("opened", session_id, every, at=started)]
+    for turn, reply in enumerate(replies):
+        calls = reply.get("tool_calls") or []
+        body = {"model": MODEL, "messages": list(history), "tools": [BASH_TOOL]}
+        answer = chat_completion(
+            reply,
+            "tool_calls" if calls else "stop",
+            usage=usage(100 + 10 * turn, 5),
+            id=f"chatcmpl-{session_id}-{turn}",
+        )
+        at = started + turn + 1
+        records.append(
+            exchange(body, answer, session_id=session_id, labels=every, started=at, ended=at + 0.5)
+        )
+        history.append(reply)
+        history += [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls] or [
+            {"role": "user", "content": "go on"}
+        ]
+    if outcome is not None:
+        records.append(
+            SessionEvent("outcome", session_id, every, at=started + len(replies) + 1, outcome=outcome)
+        )
+    return records
+
+
+async def recorded(path: Path, *records: Exchange | SessionEvent, keep_raw_sse: bool = False) -> Path:
+    """Exchanges and session events written in order to a record store at `path` by the real writer;
+    returns `path`."""
     store = RecordStore(path, keep_raw_sse=keep_raw_sse)
     store.start()
-    for ex in exchanges:
-        await store.submit(ex)
+    for record in records:
+        if isinstance(record, SessionEvent):
+            store.on_session(record)
+        else:
+            await store.submit(record)
     await store.close()
     return path
 

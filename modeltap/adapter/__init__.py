@@ -8,7 +8,7 @@ the solver's model traffic going through modeltap's proxy to AReaL. Imports no A
 
 from modeltap.adapter.bundle import Bundle, BundleError, load_bundle
 from modeltap.adapter.loop import shutdown
-from modeltap.adapter.runner import AdapterError, ModelFault, RunFailed, Unscored
+from modeltap.adapter.runner import AdapterError, ModelFault, RunFailed, RunTimedOut, Unscored
 from modeltap.adapter.sandbox import SandboxError
 from modeltap.adapter.workflow import AgentWorkflow, should_reject_failed_sample, task_rows
 
@@ -19,6 +19,7 @@ __all__ = [
     "BundleError",
     "ModelFault",
     "RunFailed",
+    "RunTimedOut",
     "SandboxError",
     "Unscored",
     "load_bundle",

@@ -5,8 +5,10 @@ agent's environment (the solver gets the URL it is handed, every other agent its
 checks and judge calls, the score, and the failures a run can end in. Does not own: the proxy session
 or the records (workflow.py), or how commands execute (sandbox.py).
 
-    AdapterError                  a run that yields no reward; `reason` and the run's `logs`
-    ├── RunFailed                 the run broke (sandbox, agent exit, timeout, judge down): leave it out
+    AdapterError                  a run that yields no reward; `reason`, the run's `logs`, the solver's
+    │                             `exit_status` once it exited
+    ├── RunFailed                 the run broke (sandbox, agent exit, judge down): leave it out
+    │   └── RunTimedOut           the run (its solver, a helper or a check) went past its time limit
     ├── Unscored                  the run ended but its checks recorded no score: leave it out
     └── ModelFault                the model was at fault (context overflow, unparseable tool call):
                                   train on it as reward 0
@@ -43,12 +45,14 @@ ANSWER_VARIABLE = "MODELTAP_ANSWER"
 
 
 class AdapterError(Exception):
-    """A run that yields no reward. `reason` says why in one line; `logs` is what the run printed."""
+    """A run that yields no reward. `reason` says why in one line; `logs` is what the run printed;
+    `exit_status` the solver's exit code, once it has exited."""
 
-    def __init__(self, reason: str, logs: Sequence[str] = ()) -> None:
+    def __init__(self, reason: str, logs: Sequence[str] = (), exit_status: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.logs = logs
+        self.exit_status = exit_status
 
     def __str__(self) -> str:
         log = "\n".join(self.logs)
@@ -59,6 +63,10 @@ class AdapterError(Exception):
 
 class RunFailed(AdapterError):
     """The run broke: the sandbox failed, an agent exited non-zero or ran out of time, a judge was down."""
+
+
+class RunTimedOut(RunFailed):
+    """The run went past its time limit: its solver, a helper or a command check was still running."""
 
 
 class Unscored(AdapterError):
@@ -98,12 +106,14 @@ class RunPlan:
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """A scored run: the reward, the answer it was read from, each check's score, and the run's log."""
+    """A scored run: the reward, the answer it was read from, each check's score, the run's log and
+    the solver's exit status (0: a solver that exits otherwise fails the run)."""
 
     reward: float
     answer: str | None
     scores: tuple[float, ...]
     logs: Sequence[str] = field(default=())
+    exit_status: int = 0
 
 
 async def play(plan: RunPlan, provider: SandboxProvider) -> RunResult:
@@ -121,7 +131,7 @@ async def play(plan: RunPlan, provider: SandboxProvider) -> RunResult:
             async with asyncio.timeout(plan.timeout_s):
                 return await _play_in(sandbox, plan)
         except TimeoutError:
-            raise RunFailed(
+            raise RunTimedOut(
                 f"task {plan.task.id!r} ran past its {plan.timeout_s:g} s limit", sandbox.logs
             ) from None
         except SandboxError as exc:
@@ -138,8 +148,23 @@ async def _play_in(sandbox: Sandbox, plan: RunPlan) -> RunResult:
             await _run_helper(sandbox, plan, helper, agent)
     solver_url = _solver_url(sandbox, plan)
     result = await _run_agent(sandbox, plan, plan.solver, task.prompt, solver_url, plan.endpoint.api_key)
+    if result.exit_code is None:
+        raise RunTimedOut(f"task {task.id!r}: the solver {plan.solver.name!r} ran past {plan.timeout_s:g} s")
     if result.exit_code != 0:
-        raise RunFailed(f"task {task.id!r}: the solver {plan.solver.name!r} exited {result.exit_code}")
+        raise RunFailed(
+            f"task {task.id!r}: the solver {plan.solver.name!r} exited {result.exit_code}",
+            exit_status=result.exit_code,
+        )
+    try:
+        return await _score_run(sandbox, plan, result)
+    except AdapterError as exc:
+        exc.exit_status = result.exit_code
+        raise
+
+
+async def _score_run(sandbox: Sandbox, plan: RunPlan, result: ExecResult) -> RunResult:
+    """After the solver exited 0: its answer, the helpers that come after it, and the checks."""
+    task = plan.task
     answer = await _read_answer(sandbox, plan.solver, result)
     for helper, agent in plan.helpers:
         if helper.stage == "after":
@@ -176,6 +201,8 @@ async def _run_helper(sandbox: Sandbox, plan: RunPlan, helper: Helper, agent: Ag
     own = agent.endpoint
     prompt = Template(helper.prompt).substitute(_variables(sandbox, plan, agent, plan.task.prompt, "", ""))
     result = await _run_agent(sandbox, plan, agent, prompt, own.base_url or "", own.api_key or "")
+    if result.timed_out:
+        raise RunTimedOut(f"task {plan.task.id!r}: helper {agent.name!r} ran past {plan.timeout_s:g} s")
     if result.exit_code != 0:
         raise RunFailed(f"task {plan.task.id!r}: helper {agent.name!r} exited {result.exit_code}")
 
@@ -279,7 +306,7 @@ async def _score(sandbox: Sandbox, plan: RunPlan, check: Check, answer: str | No
     if check.kind == "command":
         result = await sandbox.exec(check.expected, {ANSWER_VARIABLE: answer or ""}, plan.timeout_s)
         if result.timed_out:
-            raise RunFailed(f"task {plan.task.id!r}: a command check ran out of time")
+            raise RunTimedOut(f"task {plan.task.id!r}: a command check ran out of time")
         return 1.0 if result.exit_code == 0 else 0.0
     if answer is None:
         raise Unscored(

@@ -2,10 +2,11 @@
 dataset it plays; should_reject_failed_sample, which failures leave a sample out.
 
 Owns: turning one AReaL call (`data`, `base_url`, `api_key`) into one run: the per-process prepared
-bundle, the proxy session whose upstream is AReaL, the reward as a float, and the failure policy
-(telling a model fault from a broken run by what the proxy's fault watch saw, faults.py). Does not
-own: playing the task (runner.py), sandboxes (sandbox.py) or the background loop (loop.py). Imports
-no AReaL.
+bundle, the proxy session whose upstream is AReaL, the reward as a float, the failure policy
+(telling a model fault from a broken run by what the proxy's fault watch saw, faults.py), and
+reporting the run's outcome on its session through the proxy's observers before it closes. Does
+not own: playing the task (runner.py), naming the outcome (outcome.py), sandboxes (sandbox.py) or
+the background loop (loop.py). Imports no AReaL.
 
 In an AReaL experiment config (examples/areal.yaml):
 
@@ -21,12 +22,14 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 
+from modeltap.adapter import outcome
 from modeltap.adapter.bundle import Bundle, BundleError, Task, load_bundle
 from modeltap.adapter.faults import FaultWatch
 from modeltap.adapter.loop import background
@@ -35,6 +38,7 @@ from modeltap.adapter.runner import (
     ModelFault,
     RunFailed,
     RunPlan,
+    RunResult,
     SolverEndpoint,
     Unscored,
     play,
@@ -161,16 +165,13 @@ class AgentWorkflow:
         await (await _provider(self.runner)).prepare(image for image in images if image)
         return Prepared(bundle, frozenset(task.id for task in tasks), self.agent)
 
-    async def _play(self, task_id: object, base_url: str, api_key: str) -> float:
-        """One run on the background loop, with the failure policy applied."""
-        try:
-            return await self._play_task(task_id, base_url, api_key)
-        except AdapterError as exc:
-            policy = await self._failure_policy()
-            if policy == "zero" or (policy == "zero-model-faults" and isinstance(exc, ModelFault)):
-                log.warning("task %s: %s; reward 0.0 (on_failure=%s)", task_id, exc.reason, policy)
-                return 0.0
-            raise
+    async def _failed(self, task_id: str, exc: AdapterError) -> float | None:
+        """The failure policy: 0.0 when a failed run counts as a zero, None when it raises."""
+        policy = await self._failure_policy()
+        if policy == "zero" or (policy == "zero-model-faults" and isinstance(exc, ModelFault)):
+            log.warning("task %s: %s; reward 0.0 (on_failure=%s)", task_id, exc.reason, policy)
+            return 0.0
+        return None
 
     async def _failure_policy(self) -> FailurePolicy:
         """`on_failure`, with "auto" resolved by the installed AReaL (read once per process)."""
@@ -179,7 +180,8 @@ class AgentWorkflow:
         areal = await background().shared(("areal-capabilities",), _installed_areal)
         return "raise" if areal.honours_should_reject_failed_sample else "zero-model-faults"
 
-    async def _play_task(self, task_id: object, base_url: str, api_key: str) -> float:
+    async def _play(self, task_id: object, base_url: str, api_key: str) -> float:
+        """One run on the background loop: its session, the failure policy, and its outcome."""
         prepared = await self._prepared()
         task = prepared.bundle.task(task_id)
         if task.id not in prepared.task_ids:
@@ -199,6 +201,7 @@ class AgentWorkflow:
         }
         session = tap.proxy.sessions.open(upstream=base_url, upstream_key=api_key, labels=labels)
         tap.faults.watch(session.id)
+        started = time.monotonic()
         try:
             plan = RunPlan(
                 run_id=run_id,
@@ -210,17 +213,45 @@ class AgentWorkflow:
                 timeout_s=self.timeout_s or task.timeout_s,
                 judge_http=await _judge_http(),
             )
-            try:
-                result = await play(plan, provider)
-            except (RunFailed, Unscored) as exc:
-                fault = tap.faults.release(session.id)
-                if fault is not None:
-                    raise ModelFault(f"task {task.id!r}: {fault} ({exc.reason})", exc.logs) from exc
-                raise
-            return float(result.reward)
+            return await self._reported(tap, session.id, plan, provider, started)
         finally:
             tap.faults.release(session.id)
             tap.proxy.sessions.close(session.id)
+
+    async def _reported(
+        self, tap: _Tap, session_id: str, plan: RunPlan, provider: SandboxProvider, started: float
+    ) -> float:
+        """Play `plan` with the failure policy applied, and report how it ended on its session (with
+        the reward the trainer got: None for a sample left out)."""
+        try:
+            result = await _attempt(plan, provider, tap.faults, session_id)
+        except AdapterError as exc:
+            reward = await self._failed(plan.task.id, exc)
+            trained = 0.0 if reward is not None or not should_reject_failed_sample(exc) else None
+            tap.proxy.report_outcome(session_id, outcome.ended(exc, time.monotonic() - started, trained))
+            if reward is None:
+                raise
+            return reward
+        except BaseException as exc:  # cancelled, or a bug: recorded as what it is, and re-raised
+            tap.proxy.report_outcome(session_id, outcome.ended(exc, time.monotonic() - started, None))
+            raise
+        tap.proxy.report_outcome(session_id, outcome.scored(result, time.monotonic() - started))
+        return float(result.reward)
+
+
+async def _attempt(
+    plan: RunPlan, provider: SandboxProvider, faults: FaultWatch, session_id: str
+) -> RunResult:
+    """Play the plan; a failed run in which the model was at fault is a ModelFault."""
+    try:
+        return await play(plan, provider)
+    except (RunFailed, Unscored) as exc:
+        fault = faults.release(session_id)
+        if fault is not None:
+            raise ModelFault(
+                f"task {plan.task.id!r}: {fault} ({exc.reason})", exc.logs, exc.exit_status
+            ) from exc
+        raise
 
 
 def should_reject_failed_sample(exc: BaseException) -> bool:

@@ -106,6 +106,9 @@ class ProxyConfig:
         flag="--session-ttl",
     )
     keep_raw_sse: bool = option(False, "also store streams' raw bytes")
+    max_store_bytes: int | None = option(
+        None, "warn once when the records database grows past this many bytes (then: modeltap prune)"
+    )
     observers: list[str] = option(
         [], "an observer of every exchange, MODULE:ATTR (a class or factory); repeatable", flag="--observer"
     )
@@ -134,6 +137,11 @@ class ProxyConfig:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"otlp_endpoint must be an http(s) URL, not {self.otlp_endpoint!r}")
+        if os.pathsep in self.store:
+            raise ValueError(
+                f"store must be one database path, not the list {self.store!r}: a proxy writes one store "
+                "(the readers take several)"
+            )
 
     @property
     def store_path(self) -> Path:

@@ -29,7 +29,7 @@ from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
-from modeltap.records.exchange import SessionEvent
+from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
@@ -65,7 +65,12 @@ def build_app(
     the record store, then OTLP export (when asked for), then those `config.observers` names, then
     `extra_observers`."""
     exports = _otlp(config)
-    store = RecordStore(config.store_path, keep_raw_sse=config.keep_raw_sse, sync=config.sync)
+    store = RecordStore(
+        config.store_path,
+        keep_raw_sse=config.keep_raw_sse,
+        sync=config.sync,
+        max_bytes=config.max_store_bytes,
+    )
     seam = observers.Observers(
         [store, *exports, *(observers.load(spec) for spec in config.observers), *extra_observers]
     )
@@ -282,6 +287,13 @@ class Proxy:
     def sessions(self) -> SessionRegistry:
         """The session registry: `proxy.sessions.open(upstream=…, upstream_key=…, labels={…})`."""
         return self.context.sessions
+
+    def report_outcome(self, session_id: str, outcome: RolloutOutcome) -> None:
+        """Hand a rollout's outcome to the observers (the store keeps it in the session's row), as
+        an "outcome" SessionEvent. Call it before closing the session."""
+        session = self.sessions.get(session_id)
+        labels, upstream = (dict(session.labels), session.upstream) if session is not None else ({}, None)
+        self.context.observers.session(SessionEvent("outcome", session_id, labels, upstream, outcome=outcome))
 
     @property
     def admin_key(self) -> str:

@@ -15,15 +15,22 @@ path has its session token masked. Does not own: how it is stored (store.py) or 
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 # An upstream error message, or a response that is not a JSON object (an HTML page, plain text), is
 # kept up to this size: AReaL's "Failed after N retries" detail can carry a whole prompt's token ids
 # (docs/areal.md §4.1), and its start says what went wrong.
 RESPONSE_TEXT_MAX_CHARS = 16 * 1024
+
+
+def new_id() -> str:
+    """32 hex digits: the time in microseconds, then 72 random bits. In time order, so the store's
+    index of ids grows at its end instead of at random places (a random id's insert touches a random
+    page of an index as large as the store: docs/sqlite.md §7)."""
+    return f"{time.time_ns() // 1000:014x}{secrets.randbits(72):018x}"
 
 
 @dataclass(slots=True)
@@ -44,7 +51,7 @@ class ExchangeDraft:
     endpoint: str | None = None
     session_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=lambda: new_id())
     started: float = field(default_factory=time.time)
     first_byte: float | None = None
     ended: float | None = None
@@ -108,16 +115,56 @@ class Exchange(ExchangeDraft):
         raise dataclasses.FrozenInstanceError("a sealed exchange cannot fail any more")
 
 
-SessionEventKind = Literal["opened", "closed"]
+SessionEventKind = Literal["opened", "closed", "outcome"]
+
+Outcome = Literal["scored", "failed", "unscored", "model_fault", "cancelled", "timed_out"]
+"""How a rollout ended: scored (its checks gave a reward), failed (the run broke: sandbox, agent exit,
+judge), unscored (it ended but no check scored it), model_fault (the model's own doing: context
+overflow, a tool call that does not parse), cancelled (its caller gave up on it), timed_out (it ran
+past its limit)."""
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+# A run's log is kept from its end, where a failure shows: enough for a traceback and the agent's last
+# words, small enough that listing fifty sessions stays cheap.
+LOG_TAIL_MAX_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutOutcome:
+    """What one rollout came to, as the adapter reports it on its session. `reward` is what the trainer
+    got (None when the sample was left out); `scores` one per check; `exit_status` the solver's exit
+    code in its sandbox (None when it never exited: cancelled, timed out, or no sandbox)."""
+
+    outcome: Outcome
+    reward: float | None = None
+    scores: tuple[float, ...] = ()
+    duration_s: float | None = None
+    exit_status: int | None = None
+    log_tail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {self.outcome!r}")
+        if len(self.log_tail) > LOG_TAIL_MAX_CHARS:
+            object.__setattr__(self, "log_tail", self.log_tail[-LOG_TAIL_MAX_CHARS:])
+
+    def details(self) -> dict[str, Any]:
+        """What the record keeps besides the reward and the outcome, as JSON."""
+        return {
+            "scores": list(self.scores),
+            "duration_s": self.duration_s,
+            "exit_status": self.exit_status,
+            "log_tail": self.log_tail,
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class SessionEvent:
-    """A session opening or closing, for the observers (the store lists a session from its opening,
-    before its first exchange)."""
+    """A session opening, closing or reporting its rollout's outcome, for the observers (the store
+    lists a session from its opening, before its first exchange). `outcome` is set for "outcome"."""
 
     kind: SessionEventKind
     session_id: str
     labels: dict[str, str] = field(default_factory=dict)
     upstream: str | None = None
     at: float = field(default_factory=time.time)
+    outcome: RolloutOutcome | None = None

@@ -37,12 +37,16 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modeltap import dialects
+from modeltap import __version__, dialects
+from modeltap.records import query, references, rollups
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, Exchange, SessionEvent
+from modeltap.records.jsontext import dumps as _dumps
+from modeltap.records.jsontext import safe_text as _safe_text
+from modeltap.records.query import SESSION_COLUMNS, SessionQuery
+from modeltap.records.references import NO_SESSION
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +60,23 @@ BATCH_MAX = 256
 KNOWN_BLOBS_MAX = 65536
 # Sessions whose latest message list the writer remembers, to store the next turn as an extension.
 LAST_LISTS_MAX = 4096
+# Blobs a reader keeps in memory, undecoded: turn k of a session repeats the messages of the turns
+# before it, so `show` reads each once instead of once per later turn (a 30-turn session: ~60 blobs
+# of ~1 kB, not ~1,400 lookups).
+READER_BLOBS_MAX = 4096
 # How long close() waits for the writer to drain before saying so.
 CLOSE_TIMEOUT_S = 30.0
 # The error class of an exchange whose full record could not be written (its minimal record says why).
 RECORD_ERROR = "record_error"
 
-MIGRATIONS: tuple[str, ...] = (
+
+def _rollups_and_references(conn: sqlite3.Connection) -> None:
+    rollups.upgrade(conn)
+    references.upgrade(conn)
+
+
+Migration = str | Callable[[sqlite3.Connection], None]
+MIGRATIONS: tuple[Migration, ...] = (
     # 1: sessions, exchanges, content-addressed blobs
     """
     CREATE TABLE sessions (
@@ -113,6 +128,9 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE exchanges ADD COLUMN received BLOB;
     ALTER TABLE exchanges ADD COLUMN synthesised INTEGER NOT NULL DEFAULT 0;
     """,
+    # 3: running aggregates in the session rows and label groups, rollout outcomes, and which
+    # sessions reference which blobs (so a prune deletes only blobs no other session holds)
+    _rollups_and_references,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -129,6 +147,10 @@ def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
     else:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # Pages a prune frees go back to the file system, a little at a time, with `modeltap vacuum`
+        # while `serve` writes (a full VACUUM would hold the write lock for its whole run). It takes
+        # effect in a database that has no table yet, or at its next full VACUUM (docs/sqlite.md §4).
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
         # WAL + NORMAL survives a crash of the process (not of the OS) without losing commits.
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -148,8 +170,12 @@ def migrate(conn: sqlite3.Connection) -> int:
     for step in range(version, SCHEMA_VERSION):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in _statements(MIGRATIONS[step]):
-                conn.execute(statement)
+            migration = MIGRATIONS[step]
+            if callable(migration):
+                migration(conn)
+            else:
+                for statement in _statements(migration):
+                    conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {step + 1}")
             conn.execute("COMMIT")
         except BaseException:
@@ -165,15 +191,6 @@ def _statements(script: str) -> Iterator[str]:
             yield statement
 
 
-@dataclass(slots=True)
-class _SessionRow:
-    id: str
-    labels: dict[str, str]
-    upstream: str | None
-    created: float
-    closed: float | None = None
-
-
 _EXCHANGE_COLUMNS = (
     "id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
     "started, first_byte, ended, model, request, sent, response, raw_sse, finish_reason, prompt_tokens, "
@@ -182,7 +199,7 @@ _EXCHANGE_COLUMNS = (
 )
 _PLACEHOLDERS = ", ".join(["?"] * (_EXCHANGE_COLUMNS.count(",") + 1))
 _INSERT_EXCHANGE = f"INSERT INTO exchanges ({_EXCHANGE_COLUMNS}) VALUES ({_PLACEHOLDERS})"
-_Item = tuple[Exchange | _SessionRow, asyncio.AbstractEventLoop | None, "asyncio.Future[None] | None"]
+_Item = tuple[Exchange | SessionEvent, asyncio.AbstractEventLoop | None, "asyncio.Future[None] | None"]
 
 
 class RecordStore:
@@ -196,10 +213,12 @@ class RecordStore:
         keep_raw_sse: bool = False,
         sync: bool = False,
         queue_size: int = QUEUE_SIZE,
+        max_bytes: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.keep_raw_sse = keep_raw_sse
         self.sync = sync
+        self.max_bytes = max_bytes
         self.written = 0
         self.failures = 0
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
@@ -215,6 +234,14 @@ class RecordStore:
         self._known: OrderedDict[str, None] = OrderedDict()
         self._on_exit: Callable[[], object] | None = None
         self._last_lists: OrderedDict[tuple[str | None, str], tuple[str, list[str]]] = OrderedDict()
+        # (session, blob) pairs known to be in `session_blobs`, like `_known` for the blobs.
+        self._linked: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # The blobs the exchange being written references that its session may not have linked yet: a
+        # list's node and new elements (what the node extends was linked with it), the context blobs.
+        self._refs: list[str] = []
+        self._rollups = rollups.Rollups()
+        self._data_version: int | None = None
+        self._size_warned = False
 
     def start(self) -> None:
         """Open (creating and migrating) the database and start the writer thread."""
@@ -225,18 +252,16 @@ class RecordStore:
             migrate(conn)
         except (OSError, sqlite3.Error) as exc:
             raise RuntimeError(f"cannot open the record store {self.path.resolve()}: {exc}") from exc
+        self._rollups.start(conn)
         self._thread = threading.Thread(target=self._run, args=(conn,), name="modeltap-store", daemon=True)
         self._thread.start()
 
     def on_session(self, event: SessionEvent) -> None:
-        """Record a session's opening (or closing), so it is listed even before its first exchange.
-        Non-blocking: sessions open rarely, so they bypass the back-pressure slots."""
+        """Record a session's opening (so it is listed even before its first exchange), closing or
+        rollout outcome. Non-blocking: session events are rare, so they bypass the back-pressure slots."""
         if self._closed or self._thread is None:
             raise StoreClosed("the record store is not running")
-        closed = event.at if event.kind == "closed" else None
-        self._queue.put(
-            (_SessionRow(event.session_id, event.labels, event.upstream, event.at, closed), None, None)
-        )
+        self._queue.put((event, None, None))
 
     def on_exchange(self, exchange: Exchange) -> Awaitable[None] | None:
         """Queue `exchange` at once; return what the relay waits for: room in the queue when it is
@@ -313,6 +338,7 @@ class RecordStore:
                         batch.append(nxt)
                 if batch:
                     self._write_batch(conn, batch)
+                    self._check_size()
                 if stop:
                     return
         finally:
@@ -350,27 +376,73 @@ class RecordStore:
 
     def _write_items(self, conn: sqlite3.Connection, items: list[_Item]) -> Exception | None:
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin(conn)
+            tally = self._rollups.tally(conn)
             for item, _, _ in items:
                 if isinstance(item, Exchange):
-                    self._write_exchange(conn, item)
+                    self._write_exchange(conn, tally, item)
                 else:
-                    _write_session(conn, item)
+                    _write_session(tally, item)
+            tally.flush()
             conn.execute("COMMIT")
             return None
         except Exception as exc:  # boundary: a write must never kill the writer; the caller logs and counts
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            self._known.clear()  # the rolled-back blobs may be among the known ones
-            self._last_lists.clear()
+            self._forget()  # the rolled-back rows may be among the remembered ones
             return exc
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        """Open a write transaction. When another connection has written since (a prune), what the
+        writer remembers of the rows (known blobs, lists, sessions) may be gone: forget it. Exact,
+        since nobody else can commit until this transaction does (docs/sqlite.md §3)."""
+        conn.execute("BEGIN IMMEDIATE")
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if self._data_version is not None and version != self._data_version:
+            self._forget()
+        self._data_version = version
+
+    def _forget(self) -> None:
+        self._known.clear()
+        self._last_lists.clear()
+        self._linked.clear()
+        self._rollups.forget()
+
+    def _check_size(self) -> None:
+        """Warn once when the database (with its write-ahead log) passes `max_bytes`."""
+        if self.max_bytes is None or self._size_warned:
+            return
+        size = sum(p.stat().st_size for p in (self.path, wal_path(self.path)) if p.exists())
+        if size > self.max_bytes:
+            self._size_warned = True
+            log.warning(
+                "records database %s is %d bytes, past --max-store-bytes %d: free space with "
+                "`modeltap prune --store %s --before 7d` (or --keep-last N), then `modeltap vacuum`",
+                self.path,
+                size,
+                self.max_bytes,
+                self.path,
+            )
 
     def _write_minimal(self, conn: sqlite3.Connection, ex: Exchange, error: Exception) -> None:
         """What can always be written of an exchange whose full record failed: its ids, times, status
         and the failure, so that no served request goes unrecorded."""
         reason = f"the record could not be written in full: {type(error).__name__}: {error}"
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            self._begin(conn)
+            if ex.session_id is not None:
+                tally = self._rollups.tally(conn)
+                tally.session(_safe_text(ex.session_id) or "", ex.started, {})  # labels may be the fault
+                tally.exchange(
+                    _safe_text(ex.session_id) or "",
+                    started=ex.started,
+                    ended=ex.ended,
+                    model=None,
+                    prompt=None,
+                    completion=None,
+                    error=True,
+                )
+                tally.flush()
             conn.execute(
                 """INSERT OR IGNORE INTO exchanges (id, session_id, method, endpoint, path, status, streamed,
                    started, first_byte, ended, error_class, error_message, client_disconnected)
@@ -395,20 +467,30 @@ class RecordStore:
         except Exception:  # boundary: the writer must go on; the failure is already logged and counted
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            self._forget()
             log.exception("record store: not even a minimal record of exchange %s could be written", ex.id)
 
-    def _write_exchange(self, conn: sqlite3.Connection, ex: Exchange) -> None:
+    def _write_exchange(self, conn: sqlite3.Connection, tally: rollups.Tally, ex: Exchange) -> None:
         dialect = dialects.of_record(ex.endpoint)
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
         response, response_text = _response(ex)
         summary = dialect.summary(request, response)
         budget = ex.budget or {}
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
-        if ex.session_id is not None:
-            conn.execute(
-                "INSERT OR IGNORE INTO sessions (id, created, labels) VALUES (?, ?, ?)",
-                (ex.session_id, ex.started, _dumps(ex.labels)),
+        model = _safe_text(model if isinstance(model, str) else None)
+        session = _safe_text(ex.session_id)
+        if session is not None:
+            tally.session(session, ex.started, ex.labels)
+            tally.exchange(
+                session,
+                started=ex.started,
+                ended=ex.ended,
+                model=model,
+                prompt=summary.prompt_tokens,
+                completion=summary.completion_tokens,
+                error=ex.error_class is not None,
             )
+        self._refs = []
         conn.execute(
             _INSERT_EXCHANGE,
             (
@@ -425,7 +507,7 @@ class RecordStore:
                 ex.started,
                 ex.first_byte,
                 ex.ended,
-                _safe_text(model if isinstance(model, str) else None),
+                model,
                 self._pack_request(conn, dialect, ex.session_id, request, ex.request),
                 self._pack_request(conn, dialects.of_record(ex.translated or ex.endpoint), None, ex.sent, b"")
                 if ex.sent is not None
@@ -448,6 +530,22 @@ class RecordStore:
                 ex.synthesised,
             ),
         )
+        self._link(conn, session if session is not None else NO_SESSION)
+
+    def _link(self, conn: sqlite3.Connection, owner: str) -> None:
+        """Note that session `owner` references the blobs the exchange just written uses."""
+        new = []
+        for digest in self._refs:
+            pair = (owner, digest)
+            if pair in self._linked:
+                self._linked.move_to_end(pair)
+                continue
+            self._linked[pair] = None
+            new.append(pair)
+        if len(self._linked) > KNOWN_BLOBS_MAX:
+            for _ in range(len(self._linked) - KNOWN_BLOBS_MAX):
+                self._linked.popitem(last=False)
+        conn.executemany("INSERT OR IGNORE INTO session_blobs (session_id, hash) VALUES (?, ?)", new)
 
     def _pack_request(
         self, conn: sqlite3.Connection, dialect: dialects.Dialect, session: str | None, body: Any, raw: bytes
@@ -463,6 +561,7 @@ class RecordStore:
                 refs[key] = {"list": self._list(conn, (session, key), [self._blob(conn, e) for e in value])}
             elif key in dialect.context_fields and value is not None:
                 refs[key] = self._blob(conn, value)
+                self._refs.append(refs[key])
             else:
                 rest[key] = value
         return _compress_json({"body": rest, "refs": refs, "order": list(body)})
@@ -471,9 +570,12 @@ class RecordStore:
         """A list node, extending the session's previous list when this one starts with it."""
         prev = self._last_lists.get(key) if key[0] is not None else None
         if prev is not None and prev[1] and hashes[: len(prev[1])] == prev[1]:
-            node = self._blob(conn, {"prev": prev[0], "add": hashes[len(prev[1]) :]})
+            added = hashes[len(prev[1]) :]
+            node = self._blob(conn, {"prev": prev[0], "add": added})
         else:
+            added = hashes
             node = self._blob(conn, {"prev": None, "add": hashes})
+        self._refs += [node, *added]
         if key[0] is not None:
             self._last_lists[key] = (node, hashes)
             self._last_lists.move_to_end(key)
@@ -495,6 +597,11 @@ class RecordStore:
         return digest
 
 
+def wal_path(path: Path) -> Path:
+    """The write-ahead log beside the database at `path`."""
+    return path.with_name(path.name + "-wal")
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
     """Hand `callback` to `loop` from the writer thread, unless the loop is already gone."""
     with contextlib.suppress(RuntimeError):
@@ -511,15 +618,13 @@ def _settle(outcomes: list[tuple[asyncio.Future[None], Exception | None]]) -> No
                 future.set_exception(error)
 
 
-def _write_session(conn: sqlite3.Connection, row: _SessionRow) -> None:
-    if row.closed is not None:
-        conn.execute("UPDATE sessions SET closed = ? WHERE id = ?", (row.closed, row.id))
-        return
-    conn.execute(
-        """INSERT INTO sessions (id, created, labels, upstream) VALUES (?, ?, ?, ?)
-           ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, upstream = excluded.upstream""",
-        (row.id, row.created, _dumps(row.labels), row.upstream),
-    )
+def _write_session(tally: rollups.Tally, event: SessionEvent) -> None:
+    session = _safe_text(event.session_id) or ""
+    tally.session(session, event.at, event.labels, _safe_text(event.upstream), opened=event.kind == "opened")
+    if event.kind == "closed":
+        tally.closed(session, event.at)
+    elif event.outcome is not None:
+        tally.outcome(session, event.outcome)
 
 
 def _response(ex: Exchange) -> tuple[dict[str, Any] | None, str | None]:
@@ -530,32 +635,6 @@ def _response(ex: Exchange) -> tuple[dict[str, Any] | None, str | None]:
     if isinstance(parsed, dict):
         return parsed, None
     return None, ex.response_body[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "surrogateescape")
-
-
-def _dumps(value: Any) -> str:
-    """Compact JSON that UTF-8 can always encode: text as it is, unless it holds a lone surrogate (a
-    JavaScript agent cutting an emoji in half, a header byte that is not UTF-8), which is then kept as
-    its `\\uXXXX` escape: lossless, and still what `json.loads` reads back."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    if text.isascii() or _encodes(text):
-        return text
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
-
-
-def _safe_text(value: str | None) -> str | None:
-    """A text column's value that UTF-8 can encode: itself, or its JSON escape when it holds a lone
-    surrogate (see _dumps)."""
-    if value is None or value.isascii() or _encodes(value):
-        return value
-    return json.dumps(value)[1:-1]
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _loads(raw: bytes) -> Any:
@@ -598,11 +677,20 @@ class StoreReader:
             )
         self.path = path
         self._conn = connect(path, readonly=True)
+        self._texts: dict[str, bytes] = {}
         version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
+        if version > SCHEMA_VERSION:
+            self._conn.close()
             raise RuntimeError(
-                f"records database {path} has schema version {version}; this modeltap reads {SCHEMA_VERSION}"
-                " (open it once with `modeltap serve` to migrate an older one)"
+                f"records database {path} has schema version {version}, newer than this modeltap "
+                f"({__version__}, schema {SCHEMA_VERSION}) reads: upgrade modeltap to read it"
+            )
+        if version < SCHEMA_VERSION:
+            self._conn.close()
+            raise RuntimeError(
+                f"records database {path} has schema version {version}, older than this modeltap's "
+                f"{SCHEMA_VERSION}; it is upgraded in place on its next write: run `modeltap vacuum --store "
+                f"{path}` once (or `modeltap serve --store {path}`)"
             )
 
     def close(self) -> None:
@@ -614,23 +702,38 @@ class StoreReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def sessions(self) -> list[dict[str, Any]]:
-        """Every session with its exchange count, time span, token totals and error count, oldest first."""
-        rows = self._conn.execute(
-            """SELECT s.id, s.created, s.labels, s.upstream, s.closed,
-                      COUNT(e.seq) AS exchanges, MIN(e.started) AS first,
-                      MAX(COALESCE(e.ended, e.started)) AS last,
-                      SUM(e.prompt_tokens) AS prompt_tokens, SUM(e.completion_tokens) AS completion_tokens,
-                      SUM(e.error_class IS NOT NULL) AS errors
-               FROM sessions s LEFT JOIN exchanges e ON e.session_id = s.id
-               GROUP BY s.id ORDER BY s.created"""
-        ).fetchall()
-        return [dict(row) | {"labels": json.loads(row["labels"])} for row in rows]
+    def sessions(self, query: SessionQuery | None = None) -> list[dict[str, Any]]:
+        """The sessions `query` selects (default: all), newest first, each with its exchange count,
+        time span, token totals, error count, model, and rollout reward and outcome (None for a
+        session that is not a rollout). Read from the session rows, through an index."""
+        sql, args = (query or SessionQuery()).sql()
+        return [_session(row) for row in self._conn.execute(sql, args)]
 
-    def session_ids(self, prefix: str) -> list[str]:
-        """Session ids starting with `prefix`, so a person can type the first few characters."""
-        rows = self._conn.execute("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\'", (_like(prefix),))
-        return [row[0] for row in rows]
+    def session(self, session_id: str) -> dict[str, Any] | None:
+        """One session's row, as `sessions` gives it; None when there is none."""
+        row = self._conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions s WHERE id = ?", (session_id,))
+        found = row.fetchone()
+        return None if found is None else _session(found)
+
+    def groups(self, label: str) -> list[dict[str, Any]]:
+        """The sessions that carry `label`, grouped by its value, as sums (query.merge_groups adds up
+        several stores' and takes the means)."""
+        return query.groups(
+            label,
+            self._conn.execute(query.GROUPS_SQL, (label,)),
+            self._conn.execute(query.GROUP_OUTCOMES_SQL, (label,)),
+        )
+
+    def revision(self) -> int:
+        """The store's latest revision: `SessionQuery(changed_after=…)` lists what changed after it."""
+        return int(self._conn.execute("SELECT COALESCE(MAX(rev), 0) FROM sessions").fetchone()[0])
+
+    def session_ids(self, prefix: str, limit: int | None = None) -> list[str]:
+        """Session ids starting with `prefix` (at most `limit`), so a person can type the first few
+        characters."""
+        low, high = query.id_range(prefix)
+        sql = "SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
+        return [row[0] for row in self._conn.execute(sql, (low, high, -1 if limit is None else limit))]
 
     def exchanges(
         self,
@@ -652,14 +755,45 @@ class StoreReader:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        return [self._row(row, bodies) for row in self._conn.execute(sql, args)]
+        with self._snapshot():
+            return [self._row(row, bodies) for row in self._conn.execute(sql, args)]
+
+    def recent(self, session_id: str | None, count: int) -> list[dict[str, Any]]:
+        """The last `count` exchanges (of one session, or of all), with their bodies, oldest first."""
+        sql = f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges"
+        args: list[Any] = []
+        if session_id is not None:
+            sql += " WHERE session_id = ?"
+            args.append(session_id)
+        with self._snapshot():
+            rows = self._conn.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, count)).fetchall()
+            return [self._row(row, True) for row in reversed(rows)]
+
+    def turn_number(self, session_id: str, seq: int) -> int:
+        """The number (from 1) of exchange `seq` among its session's turns."""
+        sql = "SELECT COUNT(*) FROM exchanges WHERE session_id = ? AND seq <= ?"
+        return int(self._conn.execute(sql, (session_id, seq)).fetchone()[0])
 
     def exchange(self, exchange_id: str) -> dict[str, Any] | None:
-        row = self._conn.execute(
-            f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges WHERE id = ?",
-            (exchange_id,),
-        ).fetchone()
-        return None if row is None else self._row(row, True)
+        with self._snapshot():
+            row = self._conn.execute(
+                f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges WHERE id = ?",
+                (exchange_id,),
+            ).fetchone()
+            return None if row is None else self._row(row, True)
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction: rows and the blobs they reference are read as of one moment, so a
+        prune that commits meanwhile is seen whole or not at all (docs/sqlite.md §1)."""
+        if self._conn.in_transaction:
+            yield
+            return
+        self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._conn.execute("COMMIT")
 
     def raw_sse(self, exchange_id: str) -> bytes | None:
         row = self._conn.execute("SELECT raw_sse FROM exchanges WHERE id = ?", (exchange_id,)).fetchone()
@@ -713,11 +847,21 @@ class StoreReader:
         return [h for chunk in reversed(chunks) for h in chunk]
 
     def _blob(self, digest: str) -> Any:
-        row = self._conn.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
-        if row is None:
-            raise RuntimeError(f"records database {self.path} is missing blob {digest}")
-        return json.loads(zlib.decompress(row[0]))
+        """The blob's value, decoded afresh (callers may change it); its text comes from the cache when
+        an earlier turn read it: a blob never changes."""
+        text = self._texts.get(digest)
+        if text is None:
+            row = self._conn.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
+            if row is None:
+                raise RuntimeError(f"records database {self.path} is missing blob {digest}")
+            text = self._texts[digest] = zlib.decompress(row[0])
+            if len(self._texts) > READER_BLOBS_MAX:
+                self._texts.pop(next(iter(self._texts)))
+        return json.loads(text)
 
 
-def _like(prefix: str) -> str:
-    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+def _session(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)
+    out["labels"] = json.loads(out["labels"])
+    out["rollout"] = json.loads(out["rollout"]) if out["rollout"] else None
+    return out

@@ -3,55 +3,37 @@
 Owns: turning a session's exchanges into turns, each saying what it added against the turn whose
 conversation it continues (new messages, tool calls and their results, the reply, finish reason,
 tokens, timing, budget decision, error), as JSON-ready dicts (`show --json`, `tail --json`, the web
-viewer) and as text (`sessions`, `show`, `tail`); following a records database as it grows (`tail`).
-Does not own: reading the store (store.py), reading one body (its format's dialect), export formats
-(export.py).
+viewer) and as text (`show`, a `tail` line). Does not own: reading the store (store.py), reading one
+body (its format's dialect), listings of sessions and groups (listing.py), following a store as it
+grows (tail.py), export formats (export.py).
 
 A turn is one exchange of the session, numbered from 1 in recording order, so `show S 3`,
 `replay S --turn 3` and the viewer's #3 name the same exchange.
 
     with StoreReader(path) as reader:
-        session = resolve_session(reader, "s-3f")
-        print(session_turns(session, reader.exchanges(session)))
+        print(session_turns("s-3f2a", reader.exchanges("s-3f2a"), reader.session("s-3f2a")))
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
-import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from modeltap import dialects
-from modeltap.records.store import SCHEMA_VERSION, StoreReader, connect
+from modeltap.records.listing import rollout_lines
+from modeltap.records.text import num as _num
+from modeltap.records.text import short as _short
+from modeltap.records.text import when as _when
 
 # How many earlier exchanges a turn is compared with to find the one it continues. Agents interleave
 # side requests with their main thread (opencode's title request, a compaction request, Claude Code's
 # small-model calls: docs/agents.md §3.5, §4.3), so "the previous exchange" is often not the
 # previous turn of the conversation; a handful of look-backs finds it.
 LOOKBACK = 16
-# How often `tail` looks for new exchanges: fast enough to feel live, and a poll of an idle WAL
-# database costs one indexed query.
-TAIL_POLL_S = 0.5
-# How many recorded exchanges `tail` prints before following, as `tail` prints 10 lines.
-TAIL_HISTORY = 10
 # One message or reply per line in the session view; the full text is one `show SESSION TURN` away.
 LINE_CHARS = 110
 _ROLE_WIDTH = 10
-
-
-def resolve_session(reader: StoreReader, prefix: str) -> str:
-    """The session id that `prefix` names: an exact id, or the first characters of exactly one."""
-    matches = reader.session_ids(prefix)
-    if prefix in matches:
-        return prefix
-    if len(matches) == 1:
-        return matches[0]
-    found = ", ".join(matches[:10]) or "none"
-    raise ValueError(f"{prefix!r} names {len(matches)} sessions ({found}); give more of the id")
 
 
 def turns(exchanges: Sequence[dict[str, Any]], *, full: bool = False) -> list[dict[str, Any]]:
@@ -143,32 +125,18 @@ def tool_results(messages: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def sessions_table(sessions: Sequence[dict[str, Any]]) -> str:
-    """One line per session: id, when, how many exchanges, tokens, errors, labels."""
-    rows = [("SESSION", "STARTED", "TURNS", "PROMPT", "COMPLETION", "ERRORS", "LABELS")]
-    for s in sessions:
-        rows.append(
-            (
-                s["id"],
-                _when(s["first"] or s["created"]),
-                str(s["exchanges"]),
-                _num(s["prompt_tokens"]),
-                _num(s["completion_tokens"]),
-                str(s["errors"] or 0),
-                " ".join(f"{k}={v}" for k, v in s["labels"].items()),
-            )
-        )
-    return _columns(rows)
-
-
-def session_turns(session_id: str, exchanges: Sequence[dict[str, Any]]) -> str:
-    """A session turn by turn, each with what it added, one line per message (`modeltap show S`)."""
+def session_turns(
+    session_id: str, exchanges: Sequence[dict[str, Any]], session: dict[str, Any] | None = None
+) -> str:
+    """A session turn by turn, each with what it added, one line per message (`modeltap show S`);
+    with its row (`StoreReader.session`), a rollout's reward and outcome come first."""
     listed = turns(exchanges)
     labels = listed[0]["labels"] if listed else {}
     title = f"session {session_id}: {len(listed)} turn(s)"
     if labels:
         title += "  " + " ".join(f"{k}={v}" for k, v in labels.items())
-    return "\n".join([title, *(line for turn in listed for line in _turn_lines(turn, LINE_CHARS))])
+    head = [title, *(rollout_lines(session) if session is not None else [])]
+    return "\n".join([*head, *(line for turn in listed for line in _turn_lines(turn, LINE_CHARS))])
 
 
 def turn_text(turn: dict[str, Any]) -> str:
@@ -194,80 +162,6 @@ def tail_line(turn: dict[str, Any]) -> str:
     """One exchange on one line, as `modeltap tail` prints it."""
     number = f"#{turn['turn']}" if turn["turn"] is not None else ""
     return f"{_when(turn['started'])}  {turn['session_id'] or '-'} {number}  " + _headline(turn)
-
-
-def follow(
-    path: Path | str,
-    *,
-    session: str | None = None,
-    history: int = TAIL_HISTORY,
-    as_json: bool = False,
-    out: TextIO = sys.stdout,
-    poll_s: float = TAIL_POLL_S,
-    stop: threading.Event | None = None,
-) -> None:
-    """Print the last `history` exchanges (of `session`, or of all), then each new one as it is
-    recorded, until `stop` is set (or for ever). Waits for the database if it does not exist yet, so
-    `tail` may start before `serve`. Reads through a read-only connection: safe beside the writer."""
-    stop = stop or threading.Event()
-    reader = _open_when_ready(Path(path), poll_s, stop)
-    if reader is None:
-        return
-    with reader:
-        if session is not None:
-            matches = reader.session_ids(session)
-            session = matches[0] if len(matches) == 1 and session not in matches else session
-        numbers: dict[str | None, int] = {}
-        number_of: dict[str, int] = {}
-        recorded = reader.exchanges(session, bodies=False)
-        for row in recorded:
-            numbers[row["session_id"]] = number_of[row["id"]] = numbers.get(row["session_id"], 0) + 1
-        last_seq = recorded[-1]["seq"] if recorded else 0
-        if history > 0 and recorded:
-            since = recorded[-history - 1]["seq"] if len(recorded) > history else 0
-            for row in reader.exchanges(session, after_seq=since, limit=min(history, len(recorded))):
-                _print_tail(row, number_of[row["id"]], as_json, out)
-        while not stop.wait(poll_s):
-            for row in reader.exchanges(session, after_seq=last_seq):
-                numbers[row["session_id"]] = numbers.get(row["session_id"], 0) + 1
-                _print_tail(row, numbers[row["session_id"]], as_json, out)
-                last_seq = row["seq"]
-
-
-def _print_tail(row: dict[str, Any], number: int | None, as_json: bool, out: TextIO) -> None:
-    turn = turn_record(row, number if row["session_id"] is not None else None)
-    out.write((json.dumps(turn, ensure_ascii=False) if as_json else tail_line(turn)) + "\n")
-    out.flush()
-
-
-def _open_when_ready(path: Path, poll_s: float, stop: threading.Event) -> StoreReader | None:
-    """A reader of `path` once it exists at the schema this modeltap reads; None if stopped first."""
-    said = False
-    while True:
-        try:
-            return StoreReader(path)
-        except FileNotFoundError:
-            if not said:
-                print(
-                    f"modeltap tail: waiting for records at {path} (is `modeltap serve` running?)",
-                    file=sys.stderr,
-                )
-                said = True
-        except RuntimeError:
-            if path.exists() and _newer_schema(path):
-                raise
-        if stop.wait(poll_s):
-            return None
-
-
-def _newer_schema(path: Path) -> bool:
-    """True when the database is from a newer modeltap, which waiting will not fix (a database still
-    being created by `serve` has a lower version for a moment)."""
-    conn = connect(path, readonly=True)
-    try:
-        return bool(conn.execute("PRAGMA user_version").fetchone()[0] > SCHEMA_VERSION)
-    finally:
-        conn.close()
 
 
 def _continued(exchanges: Sequence[dict[str, Any]], index: int) -> int | None:
@@ -308,10 +202,10 @@ def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
             f"{indent}the upstream answered JSON; modeltap wrote the {turn['endpoint']} stream from it"
         )
     for message in turn["new_messages"]:
-        role, text = _describe(message)
+        role, text = describe_message(message)
         lines += _wrapped(f"{indent}+ {role:<{_ROLE_WIDTH}} ", text, width)
     for call in turn["tool_calls"]:
-        lines += _wrapped(f"{indent}← {'tool call':<{_ROLE_WIDTH}} ", _call_text(call), width)
+        lines += _wrapped(f"{indent}← {'tool call':<{_ROLE_WIDTH}} ", call_text(call), width)
     if turn["reply"]:
         lines += _wrapped(f"{indent}← {'reply':<{_ROLE_WIDTH}} ", turn["reply"], width)
     if turn["tool_call_parse_failure"]:
@@ -334,7 +228,7 @@ def _translation_lines(turn: dict[str, Any], indent: str) -> list[str]:
     ]
     reply = turn["upstream_reply"]
     if reply is not None:
-        said = ", ".join(_call_text(call) for call in reply["tool_calls"]) or repr(
+        said = ", ".join(call_text(call) for call in reply["tool_calls"]) or repr(
             _short(reply["reply"] or "")
         )
         lines.append(f"{indent}upstream {turn['translated']} reply: {reply['finish_reason'] or '-'}  {said}")
@@ -359,7 +253,7 @@ def _headline(turn: dict[str, Any]) -> str:
     budget = turn["budget"] or {}
     if budget.get("action") in ("clamp", "reject") and budget.get("summary"):
         parts.append(f"budget {budget['summary']}")
-    said = ", ".join(_short(_call_text(call), 60) for call in turn["tool_calls"])
+    said = ", ".join(_short(call_text(call), 60) for call in turn["tool_calls"])
     if turn["error"]:
         said = f"{turn['error']['class']}: {_short(turn['error']['message'] or '', 80)}"
     elif not said and turn["reply"]:
@@ -379,14 +273,14 @@ def _budget_text(budget: dict[str, Any]) -> str:
     return text
 
 
-def _describe(message: Any) -> tuple[str, str]:
+def describe_message(message: Any) -> tuple[str, str]:
     """(role, text) of one message in any dialect: text parts as they are, tool calls as
     `→ name(arguments)`, tool results as `⇐ id: output`, other parts as `[type]`."""
     if not isinstance(message, dict):
         return "?", json.dumps(message, ensure_ascii=False)
     kind = message.get("type")
     if kind in ("function_call", "custom_tool_call"):
-        return "assistant", _call_text(
+        return "assistant", call_text(
             {"name": message.get("name"), "arguments": message.get("arguments", message.get("input"))}
         )
     if kind in ("function_call_output", "custom_tool_call_output"):
@@ -397,7 +291,7 @@ def _describe(message: Any) -> tuple[str, str]:
         pieces.insert(0, f"⇐ {message.get('tool_call_id')}:")
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {} if isinstance(call, dict) else {}
-        pieces.append(_call_text({"name": function.get("name"), "arguments": function.get("arguments")}))
+        pieces.append(call_text({"name": function.get("name"), "arguments": function.get("arguments")}))
     return role, " ".join(piece for piece in pieces if piece)
 
 
@@ -415,7 +309,7 @@ def _content_text(content: Any) -> str:
         if isinstance(block.get("text"), str):
             pieces.append(block["text"])
         elif kind == "tool_use":
-            pieces.append(_call_text({"name": block.get("name"), "arguments": block.get("input")}))
+            pieces.append(call_text({"name": block.get("name"), "arguments": block.get("input")}))
         elif kind == "tool_result":
             error = " (error)" if block.get("is_error") else ""
             pieces.append(f"⇐ {block.get('tool_use_id')}{error}: {_result_text(block.get('content'))}")
@@ -439,7 +333,7 @@ def _result(call_id: Any, content: Any, is_error: Any = None) -> dict[str, Any]:
     return {"id": call_id, "content": _content_text(content), "is_error": bool(is_error)}
 
 
-def _call_text(call: dict[str, Any]) -> str:
+def call_text(call: dict[str, Any]) -> str:
     arguments = call.get("arguments")
     if arguments is not None and not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
@@ -457,17 +351,6 @@ def _wrapped(prefix: str, text: str, width: int | None) -> Iterator[str]:
         yield (prefix if n == 0 else pad) + line
 
 
-def _columns(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
 def _ms(start: float | None, end: float | None) -> int | None:
     return round((end - start) * 1000) if start and end else None
 
@@ -476,12 +359,3 @@ def _duration(ms: int | None) -> str:
     if ms is None:
         return "-"
     return f"{ms}ms" if ms < 1000 else f"{ms / 1000:.2f}s"
-
-
-def _num(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
-def _short(text: str, limit: int = 40) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"

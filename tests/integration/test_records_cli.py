@@ -199,7 +199,7 @@ def test_replay_shows_what_another_upstream_answers_differently(
     doc = json.loads(out)
     assert code == 1 and [t["differs"] for t in doc["turns"]] == [[], ["content"]]
     with StoreReader(store_path) as reader:
-        replays = [s for s in reader.sessions() if s["labels"].get("replay_of") == session_id]
+        replays = [s for s in reversed(reader.sessions()) if s["labels"].get("replay_of") == session_id]
     assert [s["exchanges"] for s in replays] == [2, 1, 2]  # each replay is a session of its own
     assert doc["replay_session"] == replays[-1]["id"]
 

@@ -23,8 +23,10 @@ from modeltap.adapter import (
     BundleError,
     ModelFault,
     RunFailed,
+    RunTimedOut,
     Unscored,
     should_reject_failed_sample,
+    shutdown,
     task_rows,
 )
 from modeltap.adapter import workflow as workflow_module
@@ -154,6 +156,71 @@ async def test_a_batch_through_areal_scores_each_sample_and_rejects_only_the_fai
         (interaction,) = sample.interactions.values()
         assert interaction["reward"] == sample.reward and interaction["endpoint"] == "chat"
     assert len(areal.model_requests) == 3
+
+
+def outcomes(store: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Each task's recorded rollouts, after the proxy flushed them: (outcome, reward, exit status,
+    scores), and the log tails."""
+    shutdown()
+    found: dict[str, list[tuple[Any, ...]]] = {}
+    with StoreReader(store) as reader:
+        for row in reversed(reader.sessions()):
+            rollout = row["rollout"] or {}
+            found.setdefault(row["labels"]["task_id"], []).append(
+                (row["outcome"], row["reward"], rollout.get("exit_status"), rollout.get("scores"))
+            )
+            found.setdefault("logs", []).append((rollout.get("log_tail"),))
+            assert row["outcome"] is None or rollout["duration_s"] > 0
+    return found
+
+
+async def test_each_run_s_outcome_goes_to_its_session_in_the_records(
+    areal: ArealStandIn, bundle: Path, kwargs: dict[str, Any]
+) -> None:
+    rows = rows_by_id(bundle)
+    batch = [rows["add-2-3"], rows["mul-7-8"], {"task_id": "crash"}]
+    await run_samples(areal.url, areal.admin_key, WORKFLOW, kwargs, batch)
+    found = outcomes(kwargs["proxy"]["store"])
+    assert found["add-2-3"] == [("scored", 1.0, 0, [1.0])]
+    assert found["mul-7-8"] == [("scored", 0.0, 0, [0.0])]
+    assert found["crash"] == [("failed", None, 3, [])]  # left out: no reward
+    assert any("the agent crashed" in (tail or "") for (tail,) in found["logs"])
+
+
+async def test_model_faults_and_zeroed_failures_record_the_zero_they_train_as(
+    areal: ArealStandIn, kwargs: dict[str, Any]
+) -> None:
+    workflow = AgentWorkflow(**kwargs | {"on_failure": "zero"})
+    assert (
+        await workflow.run({"task_id": "crash"}, base_url=areal.url, api_key=areal.open_session("c").api_key)
+        == 0.0
+    )
+    with ArealStandIn(script=arithmetic, engine_max_tokens=8) as tight:
+        with pytest.raises(ModelFault):
+            await AgentWorkflow(**kwargs).run(
+                {"task_id": "add-2-3"}, base_url=tight.url, api_key=tight.open_session("a").api_key
+            )
+    found = outcomes(kwargs["proxy"]["store"])
+    assert found["crash"] == [("failed", 0.0, 3, [])]
+    assert found["add-2-3"] == [("model_fault", 0.0, 1, [])]
+
+
+async def test_a_run_past_its_limit_is_timed_out_and_one_without_a_score_unscored(
+    areal: ArealStandIn, tmp_path: Path, kwargs: dict[str, Any]
+) -> None:
+    slow = AgentWorkflow(**kwargs | {"agent": "slow", "timeout_s": 0.5})
+    with pytest.raises(RunTimedOut):
+        await slow.run({"task_id": "add-2-3"}, base_url=areal.url, api_key=areal.open_session("s").api_key)
+    with OpenAILikeStandIn(script=lambda conversation: Reply(text="no opinion")) as judge:
+        graded = tmp_path / "graded.toml"
+        graded.write_text(bundle_text(judge.v1_url))
+        with pytest.raises(Unscored):
+            await AgentWorkflow(**kwargs | {"bundle": str(graded)}).run(
+                {"task_id": "graded"}, base_url=areal.url, api_key=areal.open_session("g").api_key
+            )
+    found = outcomes(kwargs["proxy"]["store"])
+    assert found["add-2-3"] == [("timed_out", None, None, [])]
+    assert found["graded"] == [("unscored", None, 0, [])]
 
 
 async def test_only_the_solver_goes_through_the_proxy_helpers_and_judges_use_their_endpoints(
@@ -400,6 +467,7 @@ async def test_cancelling_run_stops_the_agent_and_closes_the_session_before_it_r
         url = f"{open_session.host_base_url}/chat/completions"
         async with http.post(url, json={"model": "m", "messages": []}) as response:
             assert response.status == 401
+    assert outcomes(kwargs["proxy"]["store"])["add-2-3"] == [("cancelled", None, None, [])]
 
 
 def _process_running(marker: str) -> int | None:

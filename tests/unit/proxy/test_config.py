@@ -37,6 +37,7 @@ def test_secrets_stay_out_of_the_repr() -> None:
         ({"port": 70000}, "port must be 0..65535"),
         ({"max_body_bytes": 10}, "at least 1024"),
         ({"otlp_endpoint": "collector:4318"}, "otlp_endpoint must be an http"),
+        ({"store": "a.db:b.db"}, "store must be one database path, not the list"),
     ],
 )
 def test_bad_values_are_refused_with_the_field_named(fields: dict[str, object], message: str) -> None:

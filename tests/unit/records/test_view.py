@@ -1,28 +1,13 @@
-"""modeltap/records/view.py: turns (what each added), their text, session ids, and `tail`'s follow loop."""
+"""modeltap/records/view.py: turns (what each added) and their text."""
 
 from __future__ import annotations
 
-import asyncio
-import io
-import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from modeltap.records.exchange import Exchange, SessionEvent
-from modeltap.records.store import RecordStore, StoreReader
-from modeltap.records.view import (
-    follow,
-    resolve_session,
-    session_turns,
-    tail_line,
-    tool_results,
-    turn_text,
-    turns,
-)
+from modeltap.records.exchange import Exchange
+from modeltap.records.store import StoreReader
+from modeltap.records.view import session_turns, tail_line, tool_results, turn_text, turns
 from tests.factories import assistant, exchange, recorded, tool_call
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -193,72 +178,3 @@ async def test_anthropic_turns_show_blocks_and_a_changed_system_prompt(tmp_path:
     assert third["new_messages"] == [{"role": "system", "content": "be briefer"}]
     text = session_turns("s-a", rows)
     assert "+ assistant  → Bash({})" in text and "+ user       ⇐ toolu_1: a.txt" in text
-
-
-async def test_resolve_session_by_prefix(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path / "r.db")
-    store.start()
-    for sid in ("s-abc1", "s-abc2", "s-xyz"):
-        store.on_session(SessionEvent("opened", sid))
-    await store.close()
-    with StoreReader(tmp_path / "r.db") as reader:
-        assert resolve_session(reader, "s-x") == "s-xyz"
-        assert resolve_session(reader, "s-abc1") == "s-abc1"
-        with pytest.raises(ValueError, match="names 2 sessions"):
-            resolve_session(reader, "s-abc")
-        with pytest.raises(ValueError, match="names 0 sessions"):
-            resolve_session(reader, "nope")
-
-
-class Lines(io.StringIO):
-    """What `follow` printed, waitable from the test's thread."""
-
-    def wait_for(self, count: int, timeout_s: float = 10.0) -> list[str]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            lines = self.getvalue().splitlines()
-            if len(lines) >= count:
-                return lines
-            time.sleep(0.02)
-        raise AssertionError(f"wanted {count} lines, got: {self.getvalue()!r}")
-
-
-async def test_follow_waits_for_the_store_prints_history_then_new_exchanges(tmp_path: Path) -> None:
-    path = tmp_path / "late" / "r.db"
-    out, stop = Lines(), threading.Event()
-    thread = threading.Thread(
-        target=follow, args=(path,), kwargs={"history": 1, "out": out, "poll_s": 0.05, "stop": stop}
-    )
-    thread.start()  # before the database exists, as `tail` started before `serve`
-    try:
-        await asyncio.sleep(0.2)
-        store = RecordStore(path)
-        store.start()
-        await store.submit(chat([SYSTEM, ASK], chat_reply(calls=CALL["tool_calls"])), wait=True)
-        lines = await asyncio.to_thread(out.wait_for, 1)
-        assert "s-view #1  chat  200" in lines[0] and '→ bash({"command": "echo 42"})' in lines[0]
-        await store.submit(
-            chat([SYSTEM, ASK, CALL, RESULT], chat_reply("42"), session_id="s-other"), wait=True
-        )
-        await store.submit(chat([SYSTEM, ASK, CALL, RESULT], chat_reply("42")), wait=True)
-        lines = await asyncio.to_thread(out.wait_for, 3)
-        assert "s-other #1" in lines[1] and "s-view #2" in lines[2] and "stop" in lines[2]
-        await store.close()
-    finally:
-        stop.set()
-        thread.join(5)
-
-    # A second tail on the finished store: only the last exchange of the chosen session as history,
-    # numbered as in the session, then JSON lines.
-    out = Lines()
-    stop = threading.Event()
-    stop.set()
-    follow(path, session="s-vi", history=1, as_json=True, out=out, stop=stop)
-    [line] = out.getvalue().splitlines()
-    turn = json.loads(line)
-    assert (turn["turn"], turn["session_id"], turn["reply"], turn["finish_reason"]) == (
-        2,
-        "s-view",
-        "42",
-        "stop",
-    )

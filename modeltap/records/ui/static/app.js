@@ -1,15 +1,25 @@
 // modeltap's records viewer. Plain JavaScript, no build step, nothing from a CDN.
-// It polls the API (ui/app.py) so it follows a database that `modeltap serve` is writing. Recorded
-// text (prompts, replies, tool output) is only ever set with textContent, never parsed as HTML.
+// It polls the API (ui/app.py) so it follows the databases `modeltap serve` is writing: the server
+// filters, searches, sorts and pages the sessions, and each poll asks only for the sessions that
+// changed since the revisions the page has seen. Recorded text (prompts, replies, tool output) is
+// only ever set with textContent, never parsed as HTML.
 "use strict";
 
 // Often enough to feel live; each poll is one small query on the server.
 const POLL_MS = 1500;
+// Sessions per page; "more" asks for this many more.
+const PAGE = 50;
 
 const state = {
-  sessions: [],
-  selected: null,      // session id
+  sessions: [],        // the page, in the order asked for
+  stores: [],
+  outcomes: [],
+  revisions: null,     // {store: revision} the page is up to date with; null: fetch the page whole
+  filters: { q: "", outcome: "", sort: "time" },
+  limit: PAGE,
+  selected: null,      // {id, store}
   sessionKey: null,    // what the selected session looked like when its turns were fetched
+  details: null,       // the selected session's row
   turns: [],
   open: new Set(),     // turn numbers whose detail is shown
   full: new Map(),     // turn number -> its full request and response, once fetched
@@ -50,60 +60,97 @@ function callText(call) {
   return `${call.name}(${call.arguments ?? ""})`;
 }
 
+function fmtReward(reward) {
+  return reward == null ? "-" : String(Number(reward.toPrecision(3)));
+}
+
+function outcomeBadge(s) {
+  if (!s.outcome) return null;
+  const bad = s.outcome !== "scored";
+  return el("span", { class: "badge outcome" + (bad ? " error" : " good"), text: `${s.outcome} · reward ${fmtReward(s.reward)}` });
+}
+
 // -- sessions -----------------------------------------------------------------------------------
 
+function sameSession(a, b) {
+  return a && b && a.id === b.id && a.store === b.store;
+}
+
+function renderControls() {
+  const select = document.getElementById("filter-outcome");
+  if (select.options.length === 1 && state.outcomes.length) {
+    for (const o of state.outcomes) select.append(el("option", { value: o, text: o }));
+  }
+}
+
 function renderSessions(doc) {
-  document.getElementById("store").textContent = doc.store + (doc.waiting ? " (waiting for records…)" : "");
-  const nav = document.getElementById("sessions");
-  nav.replaceChildren();
-  if (!doc.sessions.length) {
-    nav.append(el("p", { class: "muted", text: "No sessions recorded yet." }));
+  const waiting = doc.waiting.length ? ` (waiting for ${doc.waiting.join(", ")}…)` : "";
+  document.getElementById("store").textContent = doc.stores.join(", ") + waiting;
+  renderControls();
+  const list = document.getElementById("session-list");
+  list.replaceChildren();
+  if (!state.sessions.length) {
+    const filtered = state.filters.q || state.filters.outcome;
+    list.append(el("p", { class: "muted", text: filtered ? "No session matches." : "No sessions recorded yet." }));
     return;
   }
-  const newest = [...doc.sessions].sort((a, b) => (b.last ?? b.created) - (a.last ?? a.created));
-  for (const s of newest) {
+  const several = state.stores.length > 1;
+  for (const s of state.sessions) {
     const labels = Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).join(" ");
     const tokens = `${num(s.prompt_tokens)} → ${num(s.completion_tokens)} tokens`;
     const item = el(
       "button",
       {
-        class: "session-item" + (s.id === state.selected ? " selected" : ""),
+        class: "session-item" + (sameSession(s, state.selected) ? " selected" : ""),
         "data-session-id": s.id,
-        onclick: () => selectSession(s.id),
+        "data-store": s.store,
+        onclick: () => selectSession({ id: s.id, store: s.store }),
       },
       el("div", { class: "id", text: s.id }),
       el("div", { class: "meta", text: `${fmtTime(s.first ?? s.created)} · ${s.exchanges} turn(s) · ${tokens}` }),
       labels ? el("div", { class: "meta", text: labels }) : null,
+      several ? el("div", { class: "meta store-name", text: s.store }) : null,
+      outcomeBadge(s),
       s.errors ? el("span", { class: "badge error", text: `${s.errors} error(s)` }) : null,
     );
-    nav.append(item);
+    list.append(item);
+  }
+  if (state.sessions.length >= state.limit) {
+    list.append(el("button", { class: "more", onclick: () => { state.limit += PAGE; refetch(); } }, `Show ${PAGE} more`));
   }
 }
 
-function sessionKey(id) {
-  const s = state.sessions.find((x) => x.id === id);
-  return s ? `${s.exchanges}/${s.last}/${s.errors}` : null;
+function sessionKey(selected) {
+  const s = state.sessions.find((x) => sameSession(x, selected));
+  return s ? `${s.rev}` : null;
 }
 
-async function selectSession(id) {
-  if (state.selected !== id) {
+async function selectSession(selected) {
+  if (!sameSession(state.selected, selected)) {
     state.open.clear();
     state.full.clear();
   }
-  state.selected = id;
-  location.hash = `session=${encodeURIComponent(id)}`;
+  state.selected = selected;
+  location.hash = new URLSearchParams({ session: selected.id, store: selected.store ?? "" }).toString();
   for (const item of document.querySelectorAll(".session-item")) {
-    item.classList.toggle("selected", item.dataset.sessionId === id);
+    item.classList.toggle("selected", sameSession({ id: item.dataset.sessionId, store: item.dataset.store }, selected));
   }
   await loadTurns();
 }
 
+function sessionURL(selected, tail = "") {
+  const query = selected.store ? `?store=${encodeURIComponent(selected.store)}` : "";
+  return `/api/sessions/${encodeURIComponent(selected.id)}${tail}${query}`;
+}
+
 async function loadTurns() {
-  const id = state.selected;
-  const key = sessionKey(id);
-  const doc = await getJSON(`/api/sessions/${encodeURIComponent(id)}/turns`);
-  if (id !== state.selected) return;
+  const selected = state.selected;
+  const key = sessionKey(selected);
+  const doc = await getJSON(sessionURL(selected, "/turns"));
+  if (!sameSession(selected, state.selected)) return;
+  state.selected = { id: doc.session, store: doc.store };
   state.turns = doc.turns;
+  state.details = doc.details;
   state.sessionKey = key;
   renderSession();
 }
@@ -117,19 +164,36 @@ function renderSession() {
   const maxTokens = Math.max(1, ...turns.map((t) => (t.prompt_tokens ?? 0) + (t.completion_tokens ?? 0)));
   const maxLatency = Math.max(1, ...turns.map((t) => t.latency_ms ?? 0));
   const errors = turns.filter((t) => t.error).length;
-  const base = `/api/sessions/${encodeURIComponent(id)}/export`;
   main.replaceChildren(
-    el("h2", { text: id }),
+    el("h2", { text: id.id }),
     el(
       "div",
       { class: "summary muted" },
       `${turns.length} turn(s) · ${errors} error(s) · export: `,
-      el("a", { href: `${base}/har`, text: "HAR" }),
-      el("a", { href: `${base}/jsonl`, text: "JSONL" }),
-      el("a", { href: `${base}/messages`, text: "messages" }),
+      el("a", { href: sessionURL(id, "/export/har"), text: "HAR" }),
+      el("a", { href: sessionURL(id, "/export/jsonl"), text: "JSONL" }),
+      el("a", { href: sessionURL(id, "/export/messages"), text: "messages" }),
+      state.stores.length > 1 ? ` · ${id.store}` : null,
     ),
+    renderRollout(state.details),
     legend(),
     el("div", { id: "timeline" }, ...turns.map((t) => renderTurn(t, maxTokens, maxLatency))),
+  );
+}
+
+function renderRollout(details) {
+  if (!details || !details.outcome) return null;
+  const rollout = details.rollout ?? {};
+  const facts = [];
+  if (rollout.scores?.length) facts.push(`scores ${rollout.scores.join(" ")}`);
+  if (rollout.duration_s != null) facts.push(`${rollout.duration_s.toFixed(1)} s`);
+  if (rollout.exit_status != null) facts.push(`exit status ${rollout.exit_status}`);
+  return el(
+    "div",
+    { class: "rollout" },
+    outcomeBadge(details),
+    el("span", { class: "facts", text: facts.join(" · ") }),
+    rollout.log_tail ? el("details", {}, el("summary", { text: "log (tail)" }), el("pre", { text: rollout.log_tail })) : null,
   );
 }
 
@@ -255,7 +319,7 @@ function pretty(value) {
 }
 
 async function showFull(number, target) {
-  const turn = await getJSON(`/api/sessions/${encodeURIComponent(state.selected)}/turns/${number}`);
+  const turn = await getJSON(sessionURL(state.selected, `/turns/${number}`));
   state.full.set(number, turn);
   fillFull(target, turn);
 }
@@ -270,13 +334,46 @@ function fillFull(target, turn) {
 
 // -- polling ------------------------------------------------------------------------------------
 
+function listURL() {
+  const params = new URLSearchParams({ limit: String(state.limit), sort: state.filters.sort });
+  if (state.filters.q) params.set("q", state.filters.q);
+  if (state.filters.outcome) params.set("outcome", state.filters.outcome);
+  if (state.revisions) params.set("since", JSON.stringify(state.revisions));
+  return `/api/sessions?${params}`;
+}
+
+function order(a, b) {
+  if (state.filters.sort === "reward") {
+    const ra = a.reward ?? -Infinity;
+    const rb = b.reward ?? -Infinity;
+    if (ra !== rb) return rb - ra;
+  }
+  return b.created - a.created;
+}
+
+// A page with the changed sessions in it: each replaces its old row or joins the page, and the
+// page keeps its order and length (a session pushed past the end leaves it until "more").
+function merged(changed) {
+  const page = state.sessions.filter((s) => !changed.some((c) => sameSession(c, s)));
+  return [...page, ...changed].sort(order).slice(0, state.limit);
+}
+
+let polling = null;
+let generation = 0;  // counts filter changes: an answer to a page asked for before one is stale
+
 async function poll() {
   const live = document.getElementById("live");
   try {
-    const doc = await getJSON("/api/sessions");
-    const changed = JSON.stringify(doc.sessions) !== JSON.stringify(state.sessions);
-    state.sessions = doc.sessions;
-    if (changed || !document.querySelector(".session-item")) renderSessions(doc);
+    const asked = generation;
+    const wasFull = state.revisions === null;
+    const doc = await getJSON(listURL());
+    if (asked !== generation) return;  // the filters changed meanwhile; the poll queued after it refetches
+    state.stores = doc.stores;
+    state.outcomes = doc.outcomes;
+    state.revisions = doc.revisions;
+    const changed = doc.full || wasFull || doc.sessions.length > 0;
+    state.sessions = doc.full ? doc.sessions : merged(doc.sessions);
+    if (changed || !document.getElementById("session-list").childElementCount) renderSessions(doc);
     if (state.selected && sessionKey(state.selected) !== state.sessionKey) await loadTurns();
     live.classList.remove("stale");
     live.textContent = "live";
@@ -287,11 +384,32 @@ async function poll() {
   }
 }
 
+// Filters changed: the next poll fetches the page whole, now.
+function refetch() {
+  generation += 1;
+  state.revisions = null;
+  polling = polling.then(poll);
+}
+
+function bindControls() {
+  const search = document.getElementById("filter-q");
+  let typing = null;
+  search.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => { state.filters.q = search.value.trim(); state.limit = PAGE; refetch(); }, 250);
+  });
+  for (const [id, key] of [["filter-outcome", "outcome"], ["filter-sort", "sort"]]) {
+    document.getElementById(id).addEventListener("change", (e) => { state.filters[key] = e.target.value; state.limit = PAGE; refetch(); });
+  }
+}
+
 async function start() {
-  await poll();
-  const wanted = new URLSearchParams(location.hash.slice(1)).get("session");
-  if (wanted) await selectSession(wanted);
-  setInterval(poll, POLL_MS);
+  bindControls();
+  polling = poll();
+  await polling;
+  const wanted = new URLSearchParams(location.hash.slice(1));
+  if (wanted.get("session")) await selectSession({ id: wanted.get("session"), store: wanted.get("store") || null });
+  setInterval(() => { polling = polling.then(poll); }, POLL_MS);
 }
 
 start();

@@ -1,0 +1,142 @@
+"""Several records databases read as one set of sessions: the files of many nodes, named by `--store`
+given more than once, by globs, or by `MODELTAP_STORE` holding a list.
+
+Owns: turning what the user gave into database paths (each glob expanded, each file once), a reader
+for each, finding a session by the first characters of its id across them, and listing and grouping
+across them. A session id found in two stores is two sessions: each row says which store it is from.
+Does not own: reading one store (store.py), the filters and merging (query.py), printing (view.py).
+
+    with Stores.open(["nodes/*/records.db"]) as stores:
+        rows = stores.sessions(SessionQuery(limit=50))      # newest first, each with its "store"
+        reader, session_id = stores.resolve("s-3f")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from modeltap.records.query import SessionQuery, merge_groups
+from modeltap.records.store import StoreReader
+
+# How many matches of an id prefix an ambiguity message names.
+AMBIGUOUS_SHOWN = 10
+_GLOB_CHARS = frozenset("*?[")
+
+
+def patterns_from(flags: Sequence[str] | None, env: Mapping[str, str], default: str) -> list[str]:
+    """What names the stores: the `--store` flags, else `MODELTAP_STORE` (paths or globs separated by
+    the OS path separator, `:` on Linux, as in PATH), else `default`."""
+    if flags:
+        return list(flags)
+    listed = [part for part in env.get("MODELTAP_STORE", "").split(os.pathsep) if part]
+    return listed or [default]
+
+
+def expand(patterns: Sequence[str], *, missing_ok: bool = False) -> list[Path]:
+    """The database paths `patterns` name, in order, each once. A glob that matches nothing is an
+    error (with `missing_ok`, it stands for itself, a file that does not exist yet); a plain path is
+    kept as it is (a reader says when it does not exist)."""
+    paths: dict[Path, Path] = {}
+    for pattern in patterns:
+        pattern = os.path.expanduser(pattern)
+        if _GLOB_CHARS.isdisjoint(pattern):
+            found = [pattern]
+        else:
+            found = sorted(glob.glob(pattern)) or ([pattern] if missing_ok else [])
+            if not found:
+                raise FileNotFoundError(
+                    f"no records database matches {pattern!r} (give --store PATH or set MODELTAP_STORE)"
+                )
+        for path in map(Path, found):
+            paths.setdefault(path.resolve(), path)
+    return list(paths.values())
+
+
+class Stores:
+    """Readers of several records databases, as one set of sessions. `several` says whether rows
+    need their store named; `missing` lists paths that do not exist (yet) when opened with
+    `missing_ok`."""
+
+    def __init__(self, readers: Sequence[StoreReader], missing: Sequence[Path] = ()) -> None:
+        self.readers = list(readers)
+        self.missing = list(missing)
+
+    @classmethod
+    def open(cls, patterns: Sequence[str], *, missing_ok: bool = False) -> Stores:
+        """Readers of what `patterns` name (see `expand`). Without `missing_ok`, a path that does not
+        exist raises FileNotFoundError, as StoreReader does."""
+        readers: list[StoreReader] = []
+        missing: list[Path] = []
+        try:
+            for path in expand(patterns, missing_ok=missing_ok):
+                if missing_ok and not path.exists():
+                    missing.append(path)
+                else:
+                    readers.append(StoreReader(path))
+        except BaseException:
+            for reader in readers:
+                reader.close()
+            raise
+        return cls(readers, missing)
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+
+    def __enter__(self) -> Stores:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def several(self) -> bool:
+        return len(self.readers) + len(self.missing) > 1
+
+    def sessions(
+        self, query: SessionQuery, revisions: Sequence[int | None] | None = None
+    ) -> list[dict[str, Any]]:
+        """The sessions `query` selects in every store, merged in its order, each with its `store`.
+        `revisions` gives each store its own `changed_after` (revisions are per store)."""
+        answers = []
+        for index, reader in enumerate(self.readers):
+            asked = query
+            if revisions is not None:
+                asked = dataclasses.replace(query, changed_after=revisions[index])
+            answers.append([row | {"store": str(reader.path)} for row in reader.sessions(asked)])
+        return query.merge(answers)
+
+    def groups(self, label: str) -> list[dict[str, Any]]:
+        """The groups of `label` over every store (query.merge_groups)."""
+        return merge_groups(reader.groups(label) for reader in self.readers)
+
+    def resolve(self, prefix: str) -> tuple[StoreReader, str]:
+        """The store and the id of the session `prefix` names: an exact id, or the first characters
+        of exactly one, in exactly one store."""
+        matches = [
+            (reader, session_id)
+            for reader in self.readers
+            for session_id in reader.session_ids(prefix, limit=AMBIGUOUS_SHOWN + 1)
+        ]
+        exact = [match for match in matches if match[1] == prefix]
+        if len(exact) == 1:
+            return exact[0]
+        if len(matches) == 1:
+            return matches[0]
+        same = exact or (matches if len({sid for _, sid in matches}) == 1 else [])
+        if same:
+            where = ", ".join(str(reader.path) for reader, _ in same)
+            raise ValueError(
+                f"session {same[0][1]} is in {len(same)} stores ({where}); name one with --store"
+            )
+        found = ", ".join(self._named(reader, sid) for reader, sid in matches[:AMBIGUOUS_SHOWN]) or "none"
+        count = str(len(matches)) if len(matches) <= AMBIGUOUS_SHOWN else f"more than {AMBIGUOUS_SHOWN}"
+        raise ValueError(f"{prefix!r} names {count} sessions ({found}); give more of the id")
+
+    def _named(self, reader: StoreReader, session_id: str) -> str:
+        return f"{session_id} in {reader.path}" if self.several else session_id
