@@ -15,7 +15,8 @@ A dialect answers, for its format:
   served model's chat template renders;
 - streams: `assembler` (rebuild the final body from events) and `synthesise` (the events of a body);
 - records: `summary` (finish reason, reply, tool calls, usage), `new_messages` (what a turn added),
-  `conversation` (the exchange as OpenAI chat messages) and `tool_call_parse_failure`.
+  `conversation` (the exchange as OpenAI chat messages), `tool_call_parse_failure`, and `token_ids`
+  (the prompt and completion ids an engine returned: dialects/token_ids.py).
 
 Adding a format: write `modeltap/dialects/<format>.py` with a `Dialect` subclass overriding what the
 format has (the defaults say "nothing of that kind"), end it with `DIALECT = MyFormat()`, and add that
@@ -32,7 +33,10 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from modeltap.dialects.token_ids import TokenIds
 
 # The path prefix of a session URL, `/s/TOKEN/...` (modeltap.proxy.sessions issues the tokens).
 SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
@@ -304,6 +308,11 @@ class Dialect:
         output failed to parse (docs/areal.md §4.2). A model fault, not a broken run."""
         return False
 
+    def token_ids(self, request: Any, response: Any) -> TokenIds | None:
+        """The prompt and completion ids the engine returned with `response` (vLLM's and SGLang's
+        extensions, docs/engines.md), or None: a format no engine returns ids for."""
+        return None
+
 
 # -- routes -------------------------------------------------------------------------------------------
 
@@ -335,6 +344,12 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 def dicts_in(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def first_choice(choices: Any) -> dict[str, Any]:
+    """The choice with index 0, else the first one listed (OpenAI chat and completions)."""
+    listed = dicts_in(choices)
+    return next((choice for choice in listed if choice.get("index", 0) == 0), listed[0] if listed else {})
 
 
 def as_str(value: Any) -> str | None:
