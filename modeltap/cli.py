@@ -28,7 +28,7 @@ from modeltap.compat import doctor
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
-from modeltap.records.export import FORMATS, write_export
+from modeltap.records.export import FORMATS, LINE_FORMATS, write_export
 from modeltap.records.replay import comparison_text, load_mock, mock_app, replay
 from modeltap.records.store import StoreReader
 from modeltap.records.ui import viewer_app
@@ -55,7 +55,9 @@ EPILOG_TAIL = """example (in a second terminal while `modeltap serve` runs):
 EPILOG_EXPORT = """examples:
   modeltap export s-3f2a --format har -o run.har      open in Chrome DevTools (Network > Import HAR)
   modeltap export s-3f2a --format jsonl               one exchange per line, with "format_version"
-  modeltap export s-3f2a --format messages >> sft.jsonl   the final conversation and its tools"""
+  modeltap export s-3f2a --format messages >> sft.jsonl   the final conversation and its tools
+  modeltap export s-3f2a --format tokens              token ids and loss mask per continuous stretch
+  modeltap export --all --format tokens -o train.jsonl      every session recorded with serve --token-ids"""
 EPILOG_REPLAY = """example:
   modeltap replay s-3f2a --upstream http://127.0.0.1:8000 --turn 3
 the replay is recorded as a new session labelled replay_of=SESSION; exit status 1 when a turn differs"""
@@ -126,9 +128,16 @@ def _parser() -> argparse.ArgumentParser:
     _json_option(tail)
 
     export = _command(
-        commands, "export", _export, "write a session as HAR, JSON lines or SFT messages", EPILOG_EXPORT
+        commands,
+        "export",
+        _export,
+        "write a session as HAR, JSON lines, SFT messages or token ids",
+        EPILOG_EXPORT,
     )
-    export.add_argument("session", help="session id, or its first characters")
+    export.add_argument("session", nargs="?", help="session id, or its first characters")
+    export.add_argument(
+        "--all", action="store_true", help="every session, one after another (jsonl, messages, tokens)"
+    )
     export.add_argument("--format", choices=FORMATS, default="har", help="output format (default har)")
     export.add_argument("-o", "--output", help="file to write (default stdout)")
     _store_option(export)
@@ -278,7 +287,8 @@ def _show(args: argparse.Namespace) -> int:
     with StoreReader(_store_path(args)) as reader:
         session_id = resolve_session(reader, args.session)
         rows = reader.exchanges(session_id)
-    listed = turns(rows, full=args.full)
+        tokens = reader.token_turns(session_id)
+    listed = turns(rows, full=args.full, tokens=tokens)
     if args.turn is not None:
         if not 1 <= args.turn <= len(listed):
             raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
@@ -287,7 +297,11 @@ def _show(args: argparse.Namespace) -> int:
     elif args.json:
         print(pretty(listed))
     else:
-        print("\n\n".join(turn_text(t) for t in listed) if args.full else session_turns(session_id, rows))
+        print(
+            "\n\n".join(turn_text(t) for t in listed)
+            if args.full
+            else session_turns(session_id, rows, tokens)
+        )
     return 0
 
 
@@ -298,14 +312,45 @@ def _tail(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     with StoreReader(_store_path(args)) as reader:
-        session_id = resolve_session(reader, args.session)
+        sessions = _export_sessions(reader, args)
         if args.output is None:
-            write_export(reader, session_id, args.format, sys.stdout)
-            return 0
-        with open(args.output, "w", encoding="utf-8") as out:
-            write_export(reader, session_id, args.format, out)
-    print(f"wrote session {session_id} as {args.format} to {args.output}", file=sys.stderr)
+            skipped = _write_sessions(reader, sessions, args, sys.stdout)
+        else:
+            with open(args.output, "w", encoding="utf-8") as out:
+                skipped = _write_sessions(reader, sessions, args, out)
+    if args.output is not None or skipped:
+        what = f"session {sessions[0]}" if not args.all else f"{len(sessions) - len(skipped)} session(s)"
+        where = f" to {args.output}" if args.output is not None else ""
+        nothing = f" ({len(skipped)} had nothing to export as {args.format})" if skipped else ""
+        print(f"wrote {what} as {args.format}{where}{nothing}", file=sys.stderr)
     return 0
+
+
+def _export_sessions(reader: StoreReader, args: argparse.Namespace) -> list[str]:
+    """The sessions an export covers: the one named, or with `--all` every one. (The seam for the
+    filters `sessions` takes: they narrow this list.)"""
+    if args.all == (args.session is not None):
+        raise ValueError("name one session, or give --all")
+    if not args.all:
+        return [resolve_session(reader, args.session)]
+    if args.format not in LINE_FORMATS:
+        raise ValueError(f"--all writes one of {', '.join(LINE_FORMATS)}; {args.format} holds one session")
+    return [session["id"] for session in reader.sessions()]
+
+
+def _write_sessions(
+    reader: StoreReader, sessions: list[str], args: argparse.Namespace, out: typing.TextIO
+) -> list[str]:
+    """Write each session; with `--all`, one holding nothing of the format is skipped (and returned)."""
+    skipped = []
+    for session_id in sessions:
+        try:
+            write_export(reader, session_id, args.format, out)
+        except ValueError:
+            if not args.all:
+                raise
+            skipped.append(session_id)
+    return skipped
 
 
 def _replay(args: argparse.Namespace) -> int:

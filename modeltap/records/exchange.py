@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from modeltap.dialects.token_ids import TokenIds
+
 # An upstream error message, or a response that is not a JSON object (an HTML page, plain text), is
 # kept up to this size: AReaL's "Failed after N retries" detail can carry a whole prompt's token ids
 # (docs/areal.md §4.1), and its start says what went wrong.
@@ -31,7 +33,9 @@ class ExchangeDraft:
     """An exchange in progress. `request` is the body as the client sent it; `sent` the body as it went
     upstream when modeltap changed it (a clamp), else None. `response` is the final body when the
     relay built it (an assembled stream, or modeltap's own error); `response_body` holds the bytes of a
-    non-streamed upstream response, which the store parses off the event loop."""
+    non-streamed upstream response, which the store parses off the event loop. With `serve
+    --token-ids`, `token_ask` says what modeltap asked the engine for (the ids themselves come back in
+    the response), and `token_ids` holds the ids modeltap rendered where the engine returns none."""
 
     # False until sealed, so that an Exchange built directly can tell its own construction (the
     # generated __init__ assigning each field) from a later assignment.
@@ -61,6 +65,8 @@ class ExchangeDraft:
     user_agent: str | None = None
     retry_count: int | None = None
     client_disconnected: bool = False
+    token_ask: str | None = None
+    token_ids: TokenIds | None = None
 
     def __post_init__(self) -> None:
         """A draft stays open; an Exchange built directly is sealed once built."""

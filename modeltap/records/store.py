@@ -14,7 +14,8 @@ element of a request's history (the dialect's `history_field`: `messages`, `inpu
 fields (`tools`, `system`, `instructions`) is a blob keyed by a 128-bit BLAKE2b digest of its JSON.
 A list that extends the session's previous list is stored as a node `{"prev": <previous node>, "add":
 [<hashes of the new elements>]}`, so a turn costs its new messages plus a few references, not
-references to its whole history.
+references to its whole history. Token ids are stored the same way, by records/token_store.py, which
+the writer runs after each exchange.
 
     store = RecordStore(".modeltap/records.db")
     store.start()
@@ -42,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from modeltap import dialects
+from modeltap.dialects.token_ids import without_ids
+from modeltap.records import token_store
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, Exchange, SessionEvent
 
 log = logging.getLogger(__name__)
@@ -106,6 +109,8 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX exchanges_session ON exchanges (session_id, seq);
     CREATE TABLE blobs (hash TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
     """,
+    # 2: token ids and token-history breaks (`serve --token-ids`)
+    token_store.MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -208,6 +213,7 @@ class RecordStore:
         self._known: OrderedDict[str, None] = OrderedDict()
         self._on_exit: Callable[[], object] | None = None
         self._last_lists: OrderedDict[tuple[str | None, str], tuple[str, list[str]]] = OrderedDict()
+        self.tokens = token_store.TokenWriter()
 
     def start(self) -> None:
         """Open (creating and migrating) the database and start the writer thread."""
@@ -353,6 +359,7 @@ class RecordStore:
                 conn.execute("ROLLBACK")
             self._known.clear()  # the rolled-back blobs may be among the known ones
             self._last_lists.clear()
+            self.tokens.reset()
             return exc
 
     def _write_minimal(self, conn: sqlite3.Connection, ex: Exchange, error: Exception) -> None:
@@ -392,6 +399,9 @@ class RecordStore:
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
         response, response_text = _response(ex)
         summary = dialect.summary(request, response)
+        ids = token_store.recorded_ids(ex, dialect, request, response)
+        # Served ids are stored once, as shared prefixes, and not again in every turn's body.
+        stored = without_ids(response) if ids is not None and ex.token_ids is None and response else response
         budget = ex.budget or {}
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
         if ex.session_id is not None:
@@ -418,7 +428,7 @@ class RecordStore:
                 _safe_text(model if isinstance(model, str) else None),
                 self._pack_request(conn, dialect, ex.session_id, request, ex.request),
                 self._pack_request(conn, dialect, None, ex.sent, b"") if ex.sent is not None else None,
-                _compress_json(response) if response is not None else _compress_text(response_text),
+                _compress_json(stored) if stored is not None else _compress_text(response_text),
                 zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
                 _safe_text(summary.finish_reason),
                 summary.prompt_tokens,
@@ -433,6 +443,7 @@ class RecordStore:
                 ex.client_disconnected,
             ),
         )
+        self.tokens.write(conn, ex, ids, dialect, request, response, summary.finish_reason)
 
     def _pack_request(
         self, conn: sqlite3.Connection, dialect: dialects.Dialect, session: str | None, body: Any, raw: bytes
@@ -601,7 +612,7 @@ class StoreReader:
     def sessions(self) -> list[dict[str, Any]]:
         """Every session with its exchange count, time span, token totals and error count, oldest first."""
         rows = self._conn.execute(
-            """SELECT s.id, s.created, s.labels, s.upstream, s.closed,
+            """SELECT s.id, s.created, s.labels, s.upstream, s.closed, s.token_drift,
                       COUNT(e.seq) AS exchanges, MIN(e.started) AS first,
                       MAX(COALESCE(e.ended, e.started)) AS last,
                       SUM(e.prompt_tokens) AS prompt_tokens, SUM(e.completion_tokens) AS completion_tokens,
@@ -609,7 +620,14 @@ class StoreReader:
                FROM sessions s LEFT JOIN exchanges e ON e.session_id = s.id
                GROUP BY s.id ORDER BY s.created"""
         ).fetchall()
-        return [dict(row) | {"labels": json.loads(row["labels"])} for row in rows]
+        return [
+            dict(row)
+            | {
+                "labels": json.loads(row["labels"]),
+                "token_drift": json.loads(row["token_drift"]) if row["token_drift"] else None,
+            }
+            for row in rows
+        ]
 
     def session_ids(self, prefix: str) -> list[str]:
         """Session ids starting with `prefix`, so a person can type the first few characters."""
@@ -649,12 +667,42 @@ class StoreReader:
         return zlib.decompress(row[0]) if row is not None and row[0] is not None else None
 
     def size_bytes(self) -> dict[str, int]:
-        """Stored bytes of request skeletons, responses and blobs (compressed), for storage reports."""
+        """Stored bytes of request skeletons, responses, blobs and token ids (compressed), for storage
+        reports."""
         req, resp = self._conn.execute(
             "SELECT COALESCE(SUM(LENGTH(request)), 0), COALESCE(SUM(LENGTH(response)), 0) FROM exchanges"
         ).fetchone()
         blobs = self._conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM blobs").fetchone()[0]
-        return {"requests": req, "responses": resp, "blobs": blobs, "total": req + resp + blobs}
+        tokens = token_store.token_bytes(self._conn)
+        total = req + resp + blobs + tokens
+        return {"requests": req, "responses": resp, "blobs": blobs, "token_ids": tokens, "total": total}
+
+    def token_turns(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's exchanges that hold token ids or were asked for them, in recording order:
+        `turn`, `source`, lengths, nodes, `continues`, `shared` and `drift` (records/token_store.py)."""
+        return token_store.session_tokens(self._conn, session_id)
+
+    def token_sequence(self, node: str) -> list[int]:
+        """The ids a token node stands for (a turn's `prompt_node` or `sequence_node`)."""
+        return token_store.load_sequence(self._conn, node).tolist()
+
+    def token_completion(self, turn: dict[str, Any]) -> list[int]:
+        """The completion ids of a token turn (one of `token_turns`)."""
+        return token_store.node_ids(self._conn, turn["sequence_node"]).tolist()
+
+    def token_logprobs(self, turn: dict[str, Any]) -> list[float | None] | None:
+        """The completion's logprobs of a token turn, when they were recorded."""
+        return token_store.unpack_logprobs(turn["logprobs"])
+
+    def session(self, session_id: str) -> dict[str, Any] | None:
+        """One session's row (every column the store has), labels and token drift decoded."""
+        row = self._conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            return None
+        out = dict(row)
+        out["labels"] = json.loads(out["labels"])
+        out["token_drift"] = json.loads(out["token_drift"]) if out.get("token_drift") else None
+        return out
 
     def _row(self, row: sqlite3.Row, bodies: bool) -> dict[str, Any]:
         out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response")}
