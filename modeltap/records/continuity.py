@@ -194,13 +194,24 @@ def _reply_change(reply: dict[str, Any], echo: dict[str, Any] | None) -> BreakKi
 
 
 def _calls(message: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """(name, arguments) of each tool call, arguments parsed where they are JSON: agents re-serialise
+    the arguments they echo (other spacing, other key order), and servers render them parsed."""
     calls = message.get("tool_calls")
     out = []
     for call in calls if isinstance(calls, list) else []:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
-            out.append((function.get("name"), function.get("arguments")))
+            out.append((function.get("name"), _parsed(function.get("arguments"))))
     return out
+
+
+def _parsed(arguments: Any) -> Any:
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def _reasoning(message: dict[str, Any]) -> str:

@@ -115,6 +115,24 @@ def test_how_the_echoed_reply_changed(echo: dict, kind: str) -> None:
     assert kind_of(previous([SYSTEM, USER]), [SYSTEM, USER, echo]) == (kind, 2, echo["role"])
 
 
+def test_tool_call_arguments_compare_as_json_not_as_text() -> None:
+    reply = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"function": {"name": "bash", "arguments": '{"a": 1, "b": 2}'}}],
+    }
+    echo = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "bash", "arguments": '{"b":2,"a":1}'}}],
+    }
+    assert kind_of(previous([SYSTEM, USER], reply), [SYSTEM, USER, echo, USER]) == (
+        "rerendered",
+        2,
+        "assistant",
+    )
+
+
 def test_reasoning_dropped_by_the_agent_or_by_the_template() -> None:
     thought = {"role": "assistant", "content": "42", "reasoning_content": "6 times 7"}
     by_agent = kind_of(previous([SYSTEM, USER], thought), [SYSTEM, USER, REPLY, USER])
