@@ -2,7 +2,7 @@
 
 Owns: the typed app key, the pooled upstreams (one `aiohttp.ClientSession` per upstream base URL,
 created on first use and closed with the app), and references to the registry, the observers (the
-record store first) and the budget.
+record store first), the budget and the token-id recorder.
 Does not own: building the app (server.py) or handling requests (relay.py).
 """
 
@@ -26,6 +26,7 @@ from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
+    from modeltap.proxy.token_recorder import TokenIdRecorder
 
 # Connections kept per upstream: one per concurrent rollout, and AReaL runs hundreds at once.
 UPSTREAM_CONNECTIONS = 1024
@@ -43,6 +44,8 @@ class ProxyContext:
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None
     budget_report: str = "off"
+    token_ids: TokenIdRecorder | None = None
+    token_ids_report: str = "off"
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
     started: float = field(default_factory=time.time)
     # Where AReaL is installed (the adapter runs inside it), its bare path is the likely one.

@@ -3,7 +3,8 @@
     route -> identify the session -> read the body -> budget -> rewrite headers -> relay -> seal
 
 Paths are resolved in routes.py, every format's particulars asked of its dialect (modeltap.dialects),
-token budgets decided in budget.py, streams assembled in dialects/sse.py, upstream paths and client
+token budgets decided in budget.py, what to ask for token ids (or render) in token_ids.py, streams
+assembled in dialects/sse.py, upstream paths and client
 errors handled in upstream.py, and the sealed exchange handed to the observers (observers.py; the
 record store is the first). This module only wires them together for one request, and is the one
 boundary for failures: whatever a stage did not expect is answered 500 in the client's shape and
@@ -18,6 +19,7 @@ import logging
 import re
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -47,6 +49,7 @@ from modeltap.proxy.errors import (
 )
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
+from modeltap.proxy.token_recorder import with_fields
 from modeltap.proxy.upstream import Reply, Upstream
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
 
@@ -109,9 +112,10 @@ class Target:
 class _Flow:
     """One request on its way through the stages: the draft of its exchange, the dialect its errors
     are shaped in, and the streamed response once it has begun (after which no error can change the
-    status). The exchange is handed to the observers once, by `deliver`."""
+    status). The exchange is handed to the observers once, by `deliver`; with `render_ids`, after the
+    token ids of a successful answer are rendered (the upstream returns none)."""
 
-    __slots__ = ("ctx", "delivered", "dialect", "draft", "request", "stream")
+    __slots__ = ("ctx", "delivered", "dialect", "draft", "render_ids", "request", "stream")
 
     def __init__(self, ctx: ProxyContext, request: web.Request) -> None:
         self.ctx = ctx
@@ -125,12 +129,18 @@ class _Flow:
         )
         self.stream: web.StreamResponse | None = None
         self.delivered = False
+        self.render_ids = False
 
     async def deliver(self) -> None:
         """Seal the exchange and hand it to the observers, once."""
         if not self.delivered:
             self.delivered = True
-            await self.ctx.observers.exchange(self.draft.seal())
+            draft, recorder = self.draft, self.ctx.token_ids
+            if self.render_ids and recorder is not None and draft.status == 200 and draft.error_class is None:
+                sent = draft.sent if draft.sent is not None else draft.request_json or {}
+                reply = draft.response if draft.response is not None else draft.response_body
+                draft.token_ids = await recorder.render(self.dialect, sent, reply)
+            await self.ctx.observers.exchange(draft.seal())
 
     def deliver_later(self) -> None:
         """The same, from a handler that is being cancelled: the proxy's task owner does it."""
@@ -203,7 +213,10 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
         if fixed is not None:
             draft.sent = fixed
             payload = json.dumps(fixed).encode()
-    reply = await _send(flow, target, route, payload)
+    extra: Mapping[str, str] = {}
+    if ctx.token_ids is not None and body is not None and dialect.completion_field(body) is not None:
+        payload, extra = await _ask_token_ids(flow, target, payload or b"")
+    reply = await _send(flow, target, route, payload, extra)
     if isinstance(reply, web.StreamResponse):
         return reply
     draft.upstream_url = ctx.sessions.mask(reply.url)
@@ -214,17 +227,37 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
     return await _relay_body(flow, target.upstream, reply)
 
 
+async def _ask_token_ids(flow: _Flow, target: Target, payload: bytes) -> tuple[bytes, Mapping[str, str]]:
+    """`payload` and the extra headers that ask the upstream's engine for its token ids; or, when it
+    returns none, the payload as it is and the exchange marked for rendering."""
+    recorder, draft = flow.ctx.token_ids, flow.draft
+    assert recorder is not None
+    body = draft.sent if draft.sent is not None else draft.request_json or {}
+    probe = {"Authorization": f"Bearer {target.key}"} if target.key else {}
+    if not probe and target.pass_client_credentials and hdrs.AUTHORIZATION in flow.request.headers:
+        probe = {"Authorization": flow.request.headers[hdrs.AUTHORIZATION]}
+    engine, ask = await recorder.ask(flow.dialect, body, target.upstream, probe)
+    if ask is None:
+        flow.render_ids = recorder.renders
+        draft.token_ask = "rendered" if recorder.renders else None
+        return payload, {}
+    draft.token_ask = f"{engine.name}: {', '.join([*ask.fields, *ask.headers])}"
+    return with_fields(payload, body, ask.fields), ask.headers
+
+
 async def _send(
-    flow: _Flow, target: Target, route: Route, payload: bytes | None
+    flow: _Flow, target: Target, route: Route, payload: bytes | None, extra: Mapping[str, str]
 ) -> Reply | web.StreamResponse:
     """The upstream's reply, or modeltap's own answer when the upstream does not serve the route."""
     request, dialect = flow.request, flow.dialect
+    headers = _upstream_headers(request, target, dialect)
+    headers.update(extra)
     try:
         return await target.upstream.send(
             dialect,
             request.method,
             _forwarded_query(flow),
-            _upstream_headers(request, target, dialect),
+            headers,
             payload,
             # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
             f"/{quote(route.item, safe='')}" if route.item else "",

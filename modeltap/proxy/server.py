@@ -1,8 +1,9 @@
 """build_app(config) -> aiohttp Application, and Proxy: the app started and stopped in-process.
 
-Owns: the app's routes and lifecycle (the store and the upstream pools start with the app and close
-with it, in `cleanup_ctx`), its observers in order (the record store first, then `--observer` ones,
-then those given in process), binding, and the base URLs a host process and a container should use.
+Owns: the app's routes and lifecycle (the tokenizer, budget and token-id recorder are set up, and the
+store and the upstream pools start with the app and close with it, in `cleanup_ctx`), its observers
+in order (the record store first, then `--observer` ones, then those given in process), binding, and
+the base URLs a host process and a container should use.
 Does not own: what happens to one request (relay.py).
 
     async with Proxy(ProxyConfig(upstream="http://127.0.0.1:8000", port=0), observers=[printer]) as proxy:
@@ -25,11 +26,13 @@ from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
+from modeltap.proxy.token_recorder import TokenIdRecorder
 from modeltap.records.exchange import SessionEvent
 from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
+    from modeltap.proxy.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,11 @@ def build_app(
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
-    ctx.budget, ctx.budget_report = await _budget(ctx)
+    counter = await _counter(ctx.config)
+    ctx.budget, ctx.budget_report = await _budget(ctx, counter)
+    ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
+    if ctx.token_ids is not None and counter is not None:
+        ctx.store.tokens.decoder = counter.decode_each
     ctx.store.start()
     ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
@@ -96,37 +103,65 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await ctx.store.close()
 
 
-async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
-    """The token budget in force and the start-up line that says so, with where each limit came from."""
-    config = ctx.config
-    if config.budget == "off":
-        return None, "off (--budget off)"
-    if config.tokenizer is None:
-        return None, "off (no --tokenizer: modeltap counts only with the served model's own tokenizer)"
-    # transformers takes seconds to import: only a proxy that counts pays for it.
-    from modeltap.proxy.budget import Budget, Limits, discover_limits
+async def _counter(config: ProxyConfig) -> TokenCounter | None:
+    """The served model's tokenizer, when a budget or `--token-ids` needs it and one is configured."""
+    if config.tokenizer is None or (config.budget == "off" and not config.token_ids):
+        return None
+    # transformers takes seconds to import: only a proxy that counts or renders pays for it.
     from modeltap.proxy.tokens import TokenCounter
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
     # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
     areal = config.layout == "areal"
-    counter = await asyncio.to_thread(
+    return await asyncio.to_thread(
         TokenCounter.load,
         config.tokenizer,
         config.chat_template_kwargs,
         request_template_kwargs=not areal,
         openai_typed_chat=areal,
     )
+
+
+async def _budget(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[Budget | None, str]:
+    """The token budget in force and the start-up line that says so, with where each limit came from."""
+    config = ctx.config
+    if config.budget == "off":
+        return None, "off (--budget off)"
+    if counter is None:
+        return None, "off (no --tokenizer: modeltap counts only with the served model's own tokenizer)"
+    from modeltap.proxy.budget import Budget, Limits, discover_limits
+
     context_length, source = config.context_length, "--context-length"
     if context_length is None and config.upstream is not None:
-        headers = {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
-        context_length, source = await discover_limits(ctx.upstream(config.upstream), headers)
+        context_length, source = await discover_limits(ctx.upstream(config.upstream), _probe_headers(config))
     if context_length is None:
         return None, f"off: no context length ({source}); give --context-length"
     sources = {"context_length": source, "engine_max_tokens": "--engine-max-tokens", "reserve": "--reserve"}
     limits = Limits(context_length, config.engine_max_tokens, config.reserve, sources)
     budget = Budget(counter, limits, config.budget, config.min_completion_tokens)
     return budget, f"{config.budget} with {config.tokenizer}: {limits.describe()}"
+
+
+async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[TokenIdRecorder | None, str]:
+    """The token-id recorder, with the default upstream's engine learnt at start, and its start-up line."""
+    config = ctx.config
+    if not config.token_ids:
+        return None, "off (no --token-ids)"
+    recorder = TokenIdRecorder(config, counter)
+    rendered = f"rendered with {config.tokenizer}" if counter is not None else None
+    if config.upstream is None:
+        return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"
+    engine = await recorder.engine(ctx.upstream(config.upstream), _probe_headers(config))
+    if engine.name != "unknown":
+        fallback = f", else {rendered}" if rendered else ""
+        return recorder, f"asked of {engine.describe()}{fallback}"
+    if rendered:
+        return recorder, f"{rendered} (the upstream's engine is unknown: {engine.source})"
+    return recorder, "none: the upstream's engine is unknown and there is no --tokenizer to render with"
+
+
+def _probe_headers(config: ProxyConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
 
 
 async def _expire_sessions(ctx: ProxyContext) -> None:
@@ -270,6 +305,7 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
         f"  layout    {layouts[config.layout]}",
         f"  records   {config.store}",
         f"  budget    {proxy.context.budget_report}",
+        f"  token ids {proxy.context.token_ids_report}",
         f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",
         f"            with Authorization: Bearer {shown_key}",
     ]

@@ -207,27 +207,59 @@ class TokenCounter:
         Blocking (milliseconds on a cache hit, a full encode on a verification): call it off the
         event loop. Raises CountError when the body cannot be rendered.
         """
+        rendered = self._render(dialect, body)
+        if isinstance(rendered, TextPrompt):
+            return self._count_completion_prompt(rendered.prompt)
+        # The template writes BOS itself where the model has one, so the rendered text is encoded
+        # without special tokens (docs/token-budgets.md §5.1 step 3, §5.2 "Double BOS").
+        return self._count_text(rendered, add_special_tokens=False)
+
+    def encode(
+        self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The ids the served model's template and tokenizer make of `body`'s prompt: `serve
+        --token-ids` records them where the server returns none. With `reply` (the answer as an
+        OpenAI chat assistant message), the conversation with the reply appended and no generation
+        prompt; a completions prompt (text) gets the reply's `content` appended. Always a full encode
+        (the segment cache keeps counts, not ids). Blocking; raises CountError as `count` does."""
+        rendered = self._render(dialect, body, reply)
+        if not isinstance(rendered, TextPrompt):
+            return list(self._backend.encode(rendered, add_special_tokens=False).ids)
+        prompt, text = rendered.prompt, (reply or {}).get("content") or ""
+        if not isinstance(prompt, str) or not isinstance(text, str):
+            raise CountError("only a completions prompt of text is rendered into ids")
+        return list(self._backend.encode(prompt + text, add_special_tokens=True).ids)
+
+    def decode_each(self, ids: list[int]) -> list[str]:
+        """Each id's text on its own (special tokens included), for showing where two id sequences
+        part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
+        return [self._backend.decode([token], skip_special_tokens=False) for token in ids]
+
+    def _render(
+        self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None
+    ) -> str | TextPrompt:
+        """The chat template's text for `body` (with `reply` appended and no generation prompt, when
+        given), or the completions prompt, which no template renders."""
         try:
             prompt = dialect.prompt(body, openai_typed=self._openai_typed_chat)
             if isinstance(prompt, TextPrompt):
-                return self._count_completion_prompt(prompt.prompt)
-            messages = [normalise_message(m, self._string_content) for m in prompt.messages]
+                return prompt
+            conversation = [*prompt.messages, reply] if reply is not None else prompt.messages
+            messages = [normalise_message(m, self._string_content) for m in conversation]
             request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
             kwargs = {**self._template_kwargs, **request_kwargs}
             kwargs = {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
             text = self._tokenizer.apply_chat_template(
-                messages, tools=prompt.tools, add_generation_prompt=True, tokenize=False, **kwargs
+                messages, tools=prompt.tools, add_generation_prompt=reply is None, tokenize=False, **kwargs
             )
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
             # RecursionError: a body nested deeper than the template can walk passes uncounted.
             if isinstance(exc, CountError):
                 raise
             raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
-        # The template writes BOS itself where the model has one, so the rendered text is encoded
-        # without special tokens (docs/token-budgets.md §5.1 step 3, §5.2 "Double BOS"). One
-        # conversation with tokenize=False renders one str: transformers types the result as every
+        # One conversation with tokenize=False renders one str: transformers types the result as every
         # mode's union.
-        return self._count_text(cast(str, text), add_special_tokens=False)
+        return cast(str, text)
 
     def _count_completion_prompt(self, prompt: Any) -> int:
         """Legacy completions: the prompt is text or token ids, or a batch of either; a batch is

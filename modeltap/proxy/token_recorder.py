@@ -1,0 +1,141 @@
+"""`serve --token-ids`: asking each upstream for the token ids it used, or rendering them where it has none.
+
+Owns: learning each upstream's engine once (the operator's `--engine`, else its discovery answers,
+read by compat/engines.py), adding what that engine needs to a request without re-serialising it, and
+the fallback: the served model's template and tokenizer (proxy/tokens.py's `TokenCounter.encode`)
+render the prompt and the reply into ids, marked "rendered". Does not own: which fields each engine
+reads (compat/engines.py), reading ids out of a response (the dialects), storing them or checking a
+session's continuity (records/token_store.py, records/continuity.py).
+
+The client gets the answer it would have got: the fields modeltap asks for come back in the body
+(vLLM's `prompt_token_ids`, a trailing `sglext` chunk), and modeltap forwards them untouched rather
+than re-serialise every chunk; they are harmless to the openai SDK, opencode and Claude Code
+(docs/token-ids.md §2 says why, with the measured cost of both choices).
+
+    recorder = TokenIdRecorder(config, counter)
+    ask = await recorder.ask(dialect, body, upstream, headers)   # TokenAsk(fields=..., headers=...) | None
+    payload = with_fields(payload, body, ask.fields)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from modeltap.compat.engines import PROBE_PATHS, EngineInfo, TokenAsk, chosen, identify, token_ask
+from modeltap.dialects.base import Dialect
+from modeltap.dialects.token_ids import TokenIds
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.upstream import Upstream
+from modeltap.records.continuity import common_prefix
+
+if TYPE_CHECKING:
+    from modeltap.proxy.tokens import TokenCounter
+
+log = logging.getLogger(__name__)
+
+# Each discovery request may take this long; an engine that has not answered by then is taken as
+# unknown (ids are then rendered, when a tokenizer is configured).
+PROBE_TIMEOUT_S = 5.0
+# An upstream that answered none of the probes (down at start, say) is asked again after this long,
+# rather than rendered for ever; one that answered is remembered for the proxy's life.
+REPROBE_AFTER_S = 60.0
+# The leading bytes a JSON object may carry before its `{`: whitespace and a UTF-8 byte-order mark.
+_LEADING = b" \t\r\n\xef\xbb\xbf"
+
+
+class TokenIdRecorder:
+    """The proxy's token-id policy: one per proxy, shared by its handlers."""
+
+    def __init__(self, config: ProxyConfig, counter: TokenCounter | None) -> None:
+        self._choice = chosen(config.engine)
+        self._logprobs = config.logprobs
+        self._counter = counter
+        self._engines: dict[str, tuple[EngineInfo, float | None]] = {}
+        self._probing = asyncio.Lock()
+
+    @property
+    def renders(self) -> bool:
+        """Whether ids the server does not return are rendered (a tokenizer is configured)."""
+        return self._counter is not None
+
+    async def engine(self, upstream: Upstream, headers: Mapping[str, str]) -> EngineInfo:
+        """The engine behind `upstream`: `--engine` when given, else probed once (docs/engines.md §3)."""
+        if self._choice is not None:
+            return self._choice
+        async with self._probing:
+            known = self._engines.get(upstream.root)
+            if known is not None and (known[1] is None or time.monotonic() < known[1]):
+                return known[0]
+            answers = {
+                path: await upstream.fetch_json(path, headers, PROBE_TIMEOUT_S) for path in PROBE_PATHS
+            }
+            engine = identify(answers)
+            answered = any(answer is not None for answer in answers.values())
+            self._engines[upstream.root] = (engine, None if answered else time.monotonic() + REPROBE_AFTER_S)
+            log.info("upstream %s: engine %s", upstream.root, engine.describe())
+            return engine
+
+    async def ask(
+        self, dialect: Dialect, body: Mapping[str, Any], upstream: Upstream, headers: Mapping[str, str]
+    ) -> tuple[EngineInfo, TokenAsk | None]:
+        """The upstream's engine and what to add to this request for its ids (None: it returns none)."""
+        engine = await self.engine(upstream, headers)
+        streamed = body.get("stream") is True
+        return engine, token_ask(engine, dialect.name, streamed=streamed, logprobs=self._logprobs, body=body)
+
+    async def render(self, dialect: Dialect, request: dict[str, Any], response: Any) -> TokenIds | None:
+        """The ids the served tokenizer makes of `request` and its reply (`response`: a body, or the
+        bytes of one), off the event loop; None without a tokenizer or for a reply it cannot render."""
+        counter = self._counter
+        if counter is None:
+            return None
+        try:
+            return await asyncio.to_thread(rendered_ids, counter, dialect, request, response)
+        except Exception:  # the boundary: a body the renderer cannot read costs its ids, never its record
+            log.warning("token ids not rendered for a %s exchange", dialect.name, exc_info=True)
+            return None
+
+
+def rendered_ids(
+    counter: TokenCounter, dialect: Dialect, request: dict[str, Any], response: Any
+) -> TokenIds | None:
+    """The prompt as the template renders it (with the generation prompt), and the completion as what
+    the template adds for the reply after it. Blocking."""
+    from modeltap.proxy.tokens import CountError
+
+    if isinstance(response, bytes):
+        try:
+            response = json.loads(response)
+        except ValueError:
+            return None
+    if not isinstance(response, dict):
+        return None
+    conversation = dialect.conversation(request, response)
+    reply = conversation.messages[-1] if conversation is not None else {"content": dialect.read(response)[1]}
+    try:
+        prompt = counter.encode(dialect, request)
+        full = counter.encode(dialect, request, reply)
+    except CountError as exc:
+        log.debug("no rendered token ids: %s", exc)
+        return None
+    shared = common_prefix(prompt, full)
+    return TokenIds(prompt, full[shared:], None, "rendered")
+
+
+def with_fields(payload: bytes, body: Mapping[str, Any], fields: Mapping[str, Any]) -> bytes:
+    """`payload` (the JSON object `body`, as bytes) with `fields` added, without re-serialising it:
+    the fields go in right after its opening brace. `fields` never names a key `body` has
+    (compat/engines.py leaves the client's own), so no key is duplicated; an empty object is written
+    whole."""
+    if not fields:
+        return payload
+    start = len(payload) - len(payload.lstrip(_LEADING))
+    if not body or payload[start : start + 1] != b"{":
+        return json.dumps({**body, **fields}).encode()
+    added = json.dumps(dict(fields))[1:-1].encode()
+    return payload[: start + 1] + added + b"," + payload[start + 1 :]

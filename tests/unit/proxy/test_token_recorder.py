@@ -1,0 +1,62 @@
+"""modeltap/proxy/token_recorder.py: adding the engine's fields without re-serialising, and rendered ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from modeltap import dialects
+from modeltap.proxy.token_recorder import rendered_ids, with_fields
+from modeltap.proxy.tokens import TokenCounter
+from tests.factories import ASK, BASH_TOOL, assistant, chat_completion, tool_call, usage
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"model":"m","messages":[]}',
+        b'  \n{"model": "m",\n "messages": [] }',
+        b'\xef\xbb\xbf{"model":"m","messages":[]}',
+    ],
+)
+def test_fields_go_in_after_the_brace_and_the_rest_is_byte_for_byte(payload: bytes) -> None:
+    body = {"model": "m", "messages": []}
+    sent = with_fields(payload, body, {"return_token_ids": True, "logprobs": True})
+    head, rest = sent.split(b"{", 1)
+    assert json.loads(sent.lstrip(b"\xef\xbb\xbf")) == {**body, "return_token_ids": True, "logprobs": True}
+    assert payload.endswith(rest[len(b'"return_token_ids": true, "logprobs": true,') :])
+    assert sent.startswith(head)
+
+
+def test_nothing_to_add_forwards_the_same_bytes_and_an_empty_object_is_written_whole() -> None:
+    payload = b'{"model":"m"}'
+    assert with_fields(payload, {"model": "m"}, {}) is payload
+    assert json.loads(with_fields(b"{}", {}, {"return_token_ids": True})) == {"return_token_ids": True}
+
+
+@pytest.fixture(scope="module")
+def counter(qwen_dir: str) -> TokenCounter:
+    return TokenCounter.load(qwen_dir)
+
+
+def test_rendered_ids_are_the_prompt_and_what_the_template_adds_for_the_reply(counter: TokenCounter) -> None:
+    chat = dialects.named("chat")
+    body = {"model": "m", "messages": [ASK], "tools": [BASH_TOOL]}
+    reply = assistant(None, tool_call("c1", "bash", '{"command": "echo $((6 * 7))"}'))
+    ids = rendered_ids(
+        counter, chat, body, json.dumps(chat_completion(reply, "tool_calls", usage=usage(1, 1))).encode()
+    )
+    assert ids is not None and ids.source == "rendered"
+    assert ids.prompt == counter.encode(chat, body)
+    assert ids.prompt + ids.completion == counter.encode(
+        chat, body, {k: v for k, v in reply.items() if v is not None}
+    )
+    text = "".join(counter.decode_each(ids.completion))
+    assert "<tool_call>" in text and "echo $((6 * 7))" in text and text.rstrip().endswith("<|im_end|>")
+
+
+def test_a_reply_that_is_not_json_renders_nothing(counter: TokenCounter) -> None:
+    chat = dialects.named("chat")
+    assert rendered_ids(counter, chat, {"model": "m", "messages": [ASK]}, b"<html>") is None
+    assert rendered_ids(counter, chat, {"model": "m", "messages": "not a list"}, {"choices": []}) is None
