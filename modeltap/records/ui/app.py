@@ -1,7 +1,8 @@
 """The local web viewer: an aiohttp app serving a JSON API over a records database and static files.
 
-Owns: the API the page reads (`/api/sessions`, a session's turns, one turn in full, a session's
-export) and serving `static/` (plain HTML, CSS and JavaScript: no build step, nothing from a CDN).
+Owns: the API the page reads (`/api/sessions`, a session's turns with their token ids and breaks, one
+turn in full, a session's export) and serving `static/` (plain HTML, CSS and JavaScript: no build
+step, nothing from a CDN).
 Does not own: turns and their fields (view.py), export formats (export.py), reading (store.py).
 
 The page polls the API, so it follows a database that `modeltap serve` is writing: each call opens a
@@ -34,6 +35,7 @@ _EXPORT_TYPES = {
     "har": "application/json",
     "jsonl": "application/x-ndjson",
     "messages": "application/x-ndjson",
+    "tokens": "application/x-ndjson",
 }
 _T = TypeVar("_T")
 
@@ -87,13 +89,18 @@ async def _sessions(request: web.Request) -> web.Response:
 
 async def _turns(request: web.Request) -> web.Response:
     session = request.match_info["session"]
-    listed = await _read(request, lambda reader: turns(reader.exchanges(session)))
+    listed = await _read(
+        request, lambda reader: turns(reader.exchanges(session), tokens=reader.token_turns(session))
+    )
     return web.json_response({"session": session, "turns": listed})
 
 
 async def _turn(request: web.Request) -> web.Response:
     session, number = request.match_info["session"], int(request.match_info["turn"])
-    listed = await _read(request, lambda reader: turns(reader.exchanges(session), full=True))
+    listed = await _read(
+        request,
+        lambda reader: turns(reader.exchanges(session), full=True, tokens=reader.token_turns(session)),
+    )
     if not 1 <= number <= len(listed):
         raise web.HTTPNotFound(text=f"session {session} has no turn {number}")
     return web.json_response(listed[number - 1])
