@@ -92,11 +92,19 @@ async def test_a_long_session_costs_about_its_final_length_in_ids(tmp_path: Path
     assert reader.exchanges("long")[-1]["response"]["prompt_token_ids"].endswith(" token ids>")
 
 
+def served(histories: list[Any], replies: list[Any], at: int | None = None, **override: Any) -> list[Any]:
+    """Session "s": each history answered with its reply, turn `at` (from 0) served with `override`."""
+    return [
+        served_turn(h, r, session_id="s", **(override if i == at else {}))
+        for i, (h, r) in enumerate(zip(histories, replies, strict=True))
+    ]
+
+
 def edited_session(edit: Any) -> list[Any]:
     """The tool session with its third request's history changed by `edit`."""
     histories, replies = tool_session()
     histories[2] = edit(histories[2])
-    return [served_turn(h, r, session_id="s") for h, r in zip(histories, replies, strict=True)]
+    return served(histories, replies)
 
 
 def echo(**fields: Any) -> Any:
@@ -155,10 +163,7 @@ async def test_tool_call_arguments_changed_when_the_echoed_call_is_another(tmp_p
         ],
     }
     histories[1] = [*histories[1][:2], changed, histories[1][3]]
-    reader = await record(
-        tmp_path,
-        *[served_turn(h, r, session_id="s") for h, r in zip(histories[:2], replies[:2], strict=True)],
-    )
+    reader = await record(tmp_path, *served(histories[:2], replies[:2]))
     drift = drift_of(reader)
     assert drift is not None and (drift["turn"], drift["kind"], drift["message"]) == (
         2,
@@ -170,9 +175,7 @@ async def test_tool_call_arguments_changed_when_the_echoed_call_is_another(tmp_p
 async def test_reasoning_dropped_by_the_agent(tmp_path: Path) -> None:
     histories, replies = tool_session()
     replies[1] = {"role": "assistant", "content": "42", "reasoning_content": "The shell said 42."}
-    reader = await record(
-        tmp_path, *[served_turn(h, r, session_id="s") for h, r in zip(histories, replies, strict=True)]
-    )
+    reader = await record(tmp_path, *served(histories, replies))
     drift = drift_of(reader)
     assert drift is not None and (drift["turn"], drift["kind"]) == (3, "reasoning_dropped")
 
@@ -180,11 +183,7 @@ async def test_reasoning_dropped_by_the_agent(tmp_path: Path) -> None:
 async def test_tools_changed(tmp_path: Path) -> None:
     histories, replies = tool_session()
     more = [*TOOLS, {"type": "function", "function": {"name": "read", "parameters": {}}}]
-    exchanges = [
-        served_turn(h, r, session_id="s", tools=more if i == 2 else None)
-        for i, (h, r) in enumerate(zip(histories, replies, strict=True))
-    ]
-    drift = drift_of(await record(tmp_path, *exchanges))
+    drift = drift_of(await record(tmp_path, *served(histories, replies, at=2, tools=more)))
     assert drift is not None and (drift["turn"], drift["kind"], drift["message"]) == (
         3,
         "tools_changed",
@@ -195,11 +194,7 @@ async def test_tools_changed(tmp_path: Path) -> None:
 async def test_a_reply_sampled_as_other_ids_than_its_text_encodes_to_is_rerendered(tmp_path: Path) -> None:
     histories, replies = tool_session()
     merged = te.completion("42", merged={"42": te.MERGED_BASE})
-    exchanges = [
-        served_turn(h, r, session_id="s", completion=merged if i == 1 else None)
-        for i, (h, r) in enumerate(zip(histories, replies, strict=True))
-    ]
-    drift = drift_of(await record(tmp_path, *exchanges))
+    drift = drift_of(await record(tmp_path, *served(histories, replies, at=1, completion=merged)))
     assert drift is not None and (drift["kind"], drift["message"], drift["role"]) == (
         "rerendered",
         4,
@@ -213,11 +208,7 @@ async def test_a_stop_token_the_template_renders_otherwise_keeps_the_stretch_wit
 ) -> None:
     histories, replies = tool_session()
     ended = [*te.completion("42")[:-1], te.END_OF_TEXT]
-    exchanges = [
-        served_turn(h, r, session_id="s", completion=ended if i == 1 else None)
-        for i, (h, r) in enumerate(zip(histories, replies, strict=True))
-    ]
-    reader = await record(tmp_path, *exchanges)
+    reader = await record(tmp_path, *served(histories, replies, at=1, completion=ended))
     assert drift_of(reader) is None
     [line] = export(reader, "s")
     position = len(te.render(histories[1], TOOLS)) + len(ended) - 1
