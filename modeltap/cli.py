@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import io
 import json
 import logging
@@ -28,6 +29,7 @@ from modeltap.compat import doctor
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
+from modeltap.records.console import ConsoleLog
 from modeltap.records.export import FORMATS, LINE_FORMATS, write_export
 from modeltap.records.replay import comparison_text, load_mock, mock_app, replay
 from modeltap.records.store import StoreReader
@@ -105,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
         commands, "serve", _serve, "run the recording proxy in front of an upstream", EPILOG_SERVE
     )
     _config_flags(serve)
+    serve.add_argument("--quiet", action="store_true", help="no line per exchange on stderr")
+    serve.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="more: each request line too"
+    )
 
     sessions = _command(
         commands, "sessions", _sessions, "list recorded sessions", "example:\n  modeltap sessions --json"
@@ -247,17 +253,28 @@ def _store_path(args: argparse.Namespace) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    flags = {k: v for k, v in vars(args).items() if k not in ("run", "command", "verbose", "json")}
-    config = ProxyConfig.from_sources(flags)
+    skipped = ("run", "command", "verbose", "json", "quiet")
+    config = ProxyConfig.from_sources({k: v for k, v in vars(args).items() if k not in skipped})
     if config.upstream is None:
         raise ValueError("give --upstream URL (or set MODELTAP_UPSTREAM)")
-    asyncio.run(_serve_until_signalled(config))
+    console = None if args.quiet else ConsoleLog(sys.stderr, verbose=args.verbose)
+    try:
+        asyncio.run(_serve_until_signalled(config, [console] if console else []))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {config.port} is in use: give another with --port N (--port 0 picks a free one)"
+            ) from None
+        raise ValueError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    finally:
+        if console is not None:
+            console.close()
     return 0
 
 
-async def _serve_until_signalled(config: ProxyConfig) -> None:
+async def _serve_until_signalled(config: ProxyConfig, observers: Sequence[object]) -> None:
     stop = _stop_on_signals()
-    async with Proxy(config) as proxy:
+    async with Proxy(config, observers=observers) as proxy:
         default = None
         if config.upstream_key and not is_loopback(config.host) and not config.lend_key_to_anonymous:
             default = proxy.sessions.open(session_id="default", labels={"opened_by": "serve"})

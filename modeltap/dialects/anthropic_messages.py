@@ -205,11 +205,13 @@ class Messages(Dialect):
         return {"type": "error", "error": {"type": error.anthropic_type, "message": error.message}}
 
     def context_overflow(
-        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int
+        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int, note: str = ""
     ) -> ApiError:
         """Anthropic's refusal, on which Claude Code stops with "Prompt is too long" (docs/agents.md §4.4):
-        the prompt against the most prompt tokens that leave room for the completion."""
-        return ApiError(f"prompt is too long: {prompt_tokens} tokens > {max_prompt_tokens} maximum")
+        the prompt against the most prompt tokens that leave room for the completion, then `note`."""
+        return ApiError(
+            f"prompt is too long: {prompt_tokens} tokens > {max_prompt_tokens} maximum. {note}".rstrip()
+        )
 
     def areal_body(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The body AReaL can render, or None when it needs no change (compat.areal)."""

@@ -165,16 +165,17 @@ class Dialect:
         }
 
     def context_overflow(
-        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int
+        self, prompt_tokens: int, completion_tokens: int, limit: int, max_prompt_tokens: int, note: str = ""
     ) -> ApiError:
         """The refusal of a prompt that does not fit: OpenAI's `context_length_exceeded`, whose text
-        agents compact on (docs/token-budgets.md §4). `limit` is the most prompt + completion tokens,
-        `max_prompt_tokens` the most prompt tokens that leave room for the completion."""
+        agents compact on (docs/token-budgets.md §4), then `note`. `limit` is the most prompt +
+        completion tokens, `completion_tokens` what the client asked for (0: none), `max_prompt_tokens`
+        the most prompt tokens that leave room for the completion."""
         return ApiError(
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, "
             f"{completion_tokens} in the completion). Please reduce the length of the messages or "
-            "completion.",
+            f"completion. {note}".rstrip(),
             code="context_length_exceeded",
             param="messages",
         )

@@ -126,7 +126,9 @@ def session_request(body: Any) -> tuple[str | None, str | None, dict[str, str]]:
     for name, value in labels.items():
         if not _LABEL_NAME.fullmatch(name):
             raise ValueError(f"label name {name!r} must be 1 to 64 of A-Z a-z 0-9 _ . -")
-        if not (isinstance(value, str) and len(value) <= MAX_LABEL_CHARS and value.isprintable()):
+        # Numbers are welcome (a sample index) and kept as their text, as every label is.
+        text = str(value) if isinstance(value, int | float) else value
+        if not (isinstance(text, str) and len(text) <= MAX_LABEL_CHARS and text.isprintable()):
             raise ValueError(f"label {name!r} must be printable text of at most {MAX_LABEL_CHARS} characters")
     return upstream, key, labels
 

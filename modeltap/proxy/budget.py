@@ -88,6 +88,17 @@ class Limits:
         ]
         return f"{', '.join(parts)}: prompt + completion at most {self.max_total_tokens} tokens"
 
+    def why(self) -> str:
+        """Why the limit is what it is, in words for a refusal's reader."""
+        window = self.context_length - 1 - self.reserve
+        if self.engine_max_tokens is not None and self.engine_max_tokens <= window:
+            return f"the limit is AReaL's engine_max_tokens, {self.engine_max_tokens}"
+        reserve = f" and the {self.reserve} tokens kept in reserve" if self.reserve else ""
+        return (
+            f"the limit is the context length {self.context_length} less 1{reserve}, since some servers "
+            "refuse a prompt and completion that fill the window exactly"
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
@@ -109,9 +120,22 @@ class Decision:
     error: OverBudget | None = None
     note: str | None = None
 
+    def summary(self) -> str:
+        """The decision in a few characters, as the `x-modeltap-budget` header and the serve log say it:
+        `passed 1203+4000<=4095`, `clamped 4000->3086`, `rejected 6009+1>4095`, `uncounted`."""
+        if self.prompt_tokens is None or self.limit is None:
+            return "uncounted"
+        asked = self.requested if self.requested is not None else 1
+        if self.action == "clamp":
+            return f"clamped {self.requested if self.requested is not None else 'none'}->{self.allowed}"
+        if self.action == "reject":
+            return f"rejected {self.prompt_tokens}+{asked}>{self.limit}"
+        return f"passed {self.prompt_tokens}+{asked}<={self.limit}"
+
     def as_record(self) -> dict[str, Any]:
         """What the record store keeps about the decision (no bodies)."""
         return {
+            "summary": self.summary(),
             "action": self.action,
             "prompt_tokens": self.prompt_tokens,
             "requested": self.requested,
@@ -164,10 +188,12 @@ def decide(
     else:
         needed = min_completion_tokens if requested is None else min(asked, min_completion_tokens)
     if room < needed:
-        shown = requested if requested is not None else needed
-        error = OverBudget.from_api_error(
-            dialect.context_overflow(prompt_tokens, shown, limit, limit - needed)
+        note = (
+            f"modeltap refused this request before the upstream saw it: {limits.why()}; "
+            f"at least {needed} completion token{'s' if needed > 1 else ''} must fit."
         )
+        refusal = dialect.context_overflow(prompt_tokens, requested or 0, limit, limit - needed, note)
+        error = OverBudget.from_api_error(refusal)
         return Decision("reject", requested=requested, error=error, **common)
     if (requested is not None and asked <= room) or policy == "reject":
         return Decision("pass", requested=requested, **common)

@@ -19,6 +19,8 @@ from modeltap.compat.engines import ENGINE_CHOICES, EngineChoice
 from modeltap.compat.layouts import LAYOUTS, Layout
 
 DEFAULT_STORE = ".modeltap/records.db"
+# `modeltap serve`'s port unless told otherwise: one to remember and put in an agent's config once.
+DEFAULT_PORT = 8840
 # Agents paste whole files and base64 images into prompts, so aiohttp's 1 MiB default would answer
 # them 413; 64 MiB covers a 128k-token transcript with several images many times over.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -61,7 +63,7 @@ class ProxyConfig:
     host: str = option(
         "0.0.0.0", "address to listen on (default 0.0.0.0: all interfaces, so containers reach it)"
     )
-    port: int = option(0, "port to listen on (default 0: pick a free one)")
+    port: int = option(DEFAULT_PORT, f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)")
     layout: Layout = option("auto", "the upstream's path layout (default auto)")
     upstream_key: str | None = option(None, "API key to send upstream instead of the client's", secret=True)
     model: str | None = option(None, "model name that GET /v1/models lists when the upstream has none")

@@ -92,6 +92,8 @@ _RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}
 # Session hints agents already send (docs/peers.md §6): they group anonymous traffic by agent run.
 _SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
 _HINT_SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# The header every budgeted answer carries: what the budget decided, in a few characters.
+BUDGET_HEADER = "x-modeltap-budget"
 # Traffic with no session token and no client hint; distinct from the "default" session `serve` opens.
 ANONYMOUS_SESSION = "anonymous"
 _SESSION_GONE = (
@@ -446,8 +448,18 @@ def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) ->
     return out
 
 
-def _response_headers(reply: Reply) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+def _response_headers(flow: _Flow, reply: Reply) -> CIMultiDict[str]:
+    """The upstream's headers less those that described its framing, and the budget's decision."""
+    kept = ((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+    headers: CIMultiDict[str] = CIMultiDict(kept)
+    headers.update(_budget_header(flow))
+    return headers
+
+
+def _budget_header(flow: _Flow) -> dict[str, str]:
+    """`x-modeltap-budget: clamped 4000->3086` on every answer the budget decided on."""
+    budget = flow.draft.budget
+    return {BUDGET_HEADER: budget["summary"]} if budget else {}
 
 
 async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Response:
@@ -459,7 +471,7 @@ async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Resp
     status = reply.response.status
     if status >= 400:
         draft.fail(classify(status, body), parse_error(status, body).message[:RESPONSE_TEXT_MAX_CHARS])
-    return web.Response(status=status, body=body, headers=_response_headers(reply))
+    return web.Response(status=status, body=body, headers=_response_headers(flow, reply))
 
 
 async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.StreamResponse:
@@ -469,9 +481,8 @@ async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.St
     draft.streamed = True
     assembler = StreamAssembler(flow.dialect)
     raw: list[bytes] | None = [] if flow.ctx.config.keep_raw_sse else None
-    response = flow.stream = web.StreamResponse(
-        status=reply.response.status, headers=_response_headers(reply)
-    )
+    headers = _response_headers(flow, reply)
+    response = flow.stream = web.StreamResponse(status=reply.response.status, headers=headers)
     await response.prepare(request)
     upstream_broke = False
     try:
@@ -526,7 +537,9 @@ def _error_response(flow: _Flow, err: ProxyError) -> web.Response:
     draft.fail(err.error_class, err.message)
     body = error_bytes(err, flow.dialect)
     draft.response = json.loads(body)
-    return web.Response(status=err.status, body=body, content_type="application/json")
+    return web.Response(
+        status=err.status, body=body, content_type="application/json", headers=_budget_header(flow)
+    )
 
 
 def _unexpected(flow: _Flow, exc: Exception) -> web.StreamResponse:

@@ -219,8 +219,11 @@ class RecordStore:
         """Open (creating and migrating) the database and start the writer thread."""
         if self._thread is not None or self._closed:
             raise RuntimeError("a RecordStore starts once")
-        conn = connect(self.path)
-        migrate(conn)
+        try:
+            conn = connect(self.path)
+            migrate(conn)
+        except (OSError, sqlite3.Error) as exc:
+            raise RuntimeError(f"cannot open the record store {self.path.resolve()}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, args=(conn,), name="modeltap-store", daemon=True)
         self._thread.start()
 

@@ -378,10 +378,15 @@ def _headline(turn: dict[str, Any]) -> str:
         parts.append(f"tokens {_num(turn['prompt_tokens'])}→{_num(turn['completion_tokens'])}")
     if turn["finish_reason"]:
         parts.append(turn["finish_reason"])
-    calls = ", ".join(_short(_call_text(call), 60) for call in turn["tool_calls"])
+    budget = turn["budget"] or {}
+    if budget.get("action") in ("clamp", "reject") and budget.get("summary"):
+        parts.append(f"budget {budget['summary']}")
+    said = ", ".join(_short(_call_text(call), 60) for call in turn["tool_calls"])
     if turn["error"]:
-        calls = f"{turn['error']['class']}: {_short(turn['error']['message'] or '', 80)}"
-    return "  ".join(parts) + (f"  {calls}" if calls else "")
+        said = f"{turn['error']['class']}: {_short(turn['error']['message'] or '', 80)}"
+    elif not said and turn["reply"]:
+        said = repr(_short(turn["reply"], 60))
+    return "  ".join(parts) + (f"  {said}" if said else "")
 
 
 def _budget_text(budget: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,11 @@ async def test_opencode_in_docker_scores_one_zero_and_a_crash_is_rejected_on_its
         assert list(sample.interactions.values())[-1]["reward"] == 1.0
     with StoreReader(tmp_path / "r.db") as reader:
         exchanges = reader.exchanges(bodies=False)
-    assert len(exchanges) == 3 + 3 + 2  # the product task: a title request and one turn, no tool
+    # Every request AReaL got is recorded, once. opencode sends its title request beside the task and
+    # may drop it when the task ends first (under load, the product task's one turn can win the race).
+    assert len(exchanges) == len(areal.model_requests)
+    per_session = sorted(Counter(row["session_id"] for row in exchanges).values())
+    assert per_session[1:] == [3, 3] and per_session[0] in (1, 2), per_session
     assert {row["labels"]["agent"] for row in exchanges} == {"opencode"}
     assert {row["upstream_url"] for row in exchanges} == {f"{areal.url}/chat/completions"}
     assert all(row["status"] == 200 and row["streamed"] for row in exchanges)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -99,3 +100,56 @@ async def test_health_answers_without_a_key_and_tells_nothing_of_sessions(
         ):
             health = await reply.json()
     assert health == {"status": "ok", "records_written": 0, "record_failures": 0, "observer_failures": 0}
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_serve_prints_a_line_per_exchange_unless_quiet(
+    areal: ArealStandIn, tmp_path: Path, quiet: bool
+) -> None:
+    store = tmp_path / "records.db"
+    proc, lines = start_serve(["--upstream", areal.url, *(["--quiet"] if quiet else [])], store)
+    report = "\n".join(lines)
+    assert f"records   {store.resolve()}" in report and f"modeltap tail --store {store.resolve()}" in report
+    port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", report).group(1))  # type: ignore[union-attr]
+    session = areal.open_session("lines")
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {session.api_key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=START_TIMEOUT_S)
+    exchange_lines = [
+        line for line in out.splitlines() if re.search(r"\d\d:\d\d:\d\d  \S+ #1  chat  200", line)
+    ]
+    assert len(exchange_lines) == (0 if quiet else 1), out
+
+
+def test_serve_says_in_one_line_what_stops_it_from_starting(areal: ArealStandIn, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = run_serve(["--upstream", areal.url, "--port", str(port), "--store", str(tmp_path / "r.db")])
+    unwritable = run_serve(["--upstream", areal.url, "--port", "0", "--store", "/proc/modeltap/r.db"])
+    bad_url = run_serve(["--upstream", "localhost:8000", "--store", str(tmp_path / "r.db")])
+    for result, words in [
+        (busy, f"port {port} is in use: give another with --port N"),
+        (unwritable, "cannot open the record store /proc/modeltap/r.db"),
+        (bad_url, "upstream must be an http(s) URL"),
+    ]:
+        assert result.returncode == 2, result.stderr
+        assert words in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def run_serve(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modeltap", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )

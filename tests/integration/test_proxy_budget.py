@@ -54,8 +54,11 @@ async def test_over_budget_is_the_canonical_400_and_never_reaches_areal(
     assert info.value.body["message"] == (
         f"This model's maximum context length is {CONTEXT - 1} tokens. However, you requested "
         f"{prompt + 1000} tokens ({prompt} in the messages, 1000 in the completion). Please reduce the "
-        "length of the messages or completion."
+        "length of the messages or completion. modeltap refused this request before the upstream saw it: "
+        f"the limit is the context length {CONTEXT} less 1, since some servers refuse a prompt and "
+        "completion that fill the window exactly; at least 1000 completion tokens must fit."
     )
+    assert info.value.response.headers["x-modeltap-budget"] == f"rejected {prompt}+1000>{CONTEXT - 1}"
     assert areal.model_requests == []
     [row] = records(store_path)
     assert (row["status"], row["error_class"], row["budget"]["action"]) == (400, "model_fault", "reject")
@@ -72,9 +75,12 @@ async def test_clamp_rewrites_only_the_clients_field(
         client = openai.AsyncOpenAI(
             base_url=proxy.host_base_url + "/v1", api_key=session.api_key, max_retries=0
         )
-        await client.chat.completions.create(model="m", messages=messages, max_tokens=100_000)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="m", messages=messages, max_tokens=100_000
+        )
         await client.chat.completions.create(model="m", messages=messages)  # M absent: made explicit
         await client.close()
+    assert raw.headers["x-modeltap-budget"] == f"clamped 100000->{CONTEXT - 1 - prompt}"
     sent = [r.body for r in areal.model_requests]
     assert sent[0]["max_tokens"] == CONTEXT - 1 - prompt and "max_completion_tokens" not in sent[0]
     assert "max_tokens" not in sent[1] or "max_completion_tokens" not in sent[1]  # never both: AReaL 500s

@@ -87,7 +87,7 @@ async def test_a_token_shows_only_in_the_answer_that_opened_its_session(proxy: P
         ({"labels": {"task": "a\nb"}}, "printable text"),
         ({"labels": {"bad name": "x"}}, "label name"),
         ({"labels": {f"k{i}": "v" for i in range(65)}}, "at most 64"),
-        ({"labels": {"task": 1}}, "printable text"),
+        ({"labels": {"task": [1]}}, "printable text"),
         ({"token": "mine"}, "unknown field 'token'"),
     ],
 )
@@ -100,3 +100,6 @@ def test_a_good_session_request_passes_as_it_is() -> None:
     body = {"upstream": "http://10.0.0.5:41235", "upstream_key": "sk-abc_123", "labels": {"task_id": "t-1"}}
     assert session_request(body) == ("http://10.0.0.5:41235", "sk-abc_123", {"task_id": "t-1"})
     assert session_request({}) == (None, None, {})
+    assert session_request({"labels": {"sample_index": 3}})[2] == {
+        "sample_index": 3
+    }  # the registry keeps "3"

@@ -161,6 +161,17 @@ def test_m_that_is_not_a_count_is_left_to_the_upstream() -> None:
 # --- the canonical errors -----------------------------------------------------------------------
 
 
+WINDOW_NOTE = (
+    "modeltap refused this request before the upstream saw it: the limit is the context length {c} less "
+    "1, since some servers refuse a prompt and completion that fill the window exactly; at least {n} "
+    "completion token{s} must fit."
+)
+
+
+def note(context_length: int, needed: int) -> str:
+    return WINDOW_NOTE.format(c=context_length, n=needed, s="s" if needed > 1 else "")
+
+
 def test_openai_error_body_verbatim() -> None:
     decision = decide(dialects.named("chat"), CHAT, 950, Limits(C), "reject", 1)
     assert decision.error is not None
@@ -169,7 +180,7 @@ def test_openai_error_body_verbatim() -> None:
         "error": {
             "message": "This model's maximum context length is 999 tokens. However, you requested "
             "1050 tokens (950 in the messages, 100 in the completion). "
-            "Please reduce the length of the messages or completion.",
+            "Please reduce the length of the messages or completion. " + note(C, M),
             "type": "invalid_request_error",
             "param": "messages",
             "code": "context_length_exceeded",
@@ -177,12 +188,21 @@ def test_openai_error_body_verbatim() -> None:
     }
 
 
-def test_openai_error_with_m_absent_names_the_completion_it_needs() -> None:
+def test_openai_error_with_m_absent_counts_no_completion_and_names_what_must_fit() -> None:
     decision = decide(dialects.named("responses"), {"input": "x"}, 990, Limits(C), "clamp", 16)
     assert decision.error is not None
     assert decision.error.message == (
-        "This model's maximum context length is 999 tokens. However, you requested 1006 tokens "
-        "(990 in the messages, 16 in the completion). Please reduce the length of the messages or completion."
+        "This model's maximum context length is 999 tokens. However, you requested 990 tokens "
+        "(990 in the messages, 0 in the completion). Please reduce the length of the messages or completion. "
+        + note(C, 16)
+    )
+
+
+def test_the_refusal_names_engine_max_tokens_when_it_is_the_limit() -> None:
+    decision = decide(dialects.named("chat"), CHAT, 950, Limits(C, engine_max_tokens=900), "reject", 1)
+    assert (
+        decision.error is not None
+        and "the limit is AReaL's engine_max_tokens, 900;" in decision.error.message
     )
 
 
@@ -195,20 +215,19 @@ def test_anthropic_error_body_verbatim() -> None:
         "type": "error",
         "error": {
             "type": "invalid_request_error",
-            "message": "prompt is too long: 208656 tokens > 195904 maximum",
+            "message": "prompt is too long: 208656 tokens > 195904 maximum. " + note(200001, 4096),
         },
     }
     clamp = decide(dialects.named("messages"), body, 200000, Limits(200001), "clamp", 1)
-    assert (
-        clamp.error is not None
-        and clamp.error.message == "prompt is too long: 200000 tokens > 199999 maximum"
-    )
+    assert clamp.error is not None
+    assert clamp.error.message == "prompt is too long: 200000 tokens > 199999 maximum. " + note(200001, 1)
 
 
-def test_decision_record() -> None:
+def test_decision_record_and_summary() -> None:
     decision = decide(dialects.named("chat"), CHAT, C, Limits(C), "reject", 1)
     record = decision.as_record()
     assert record == {
+        "summary": f"rejected {C}+{M}>{C - 1}",
         "action": "reject",
         "prompt_tokens": C,
         "requested": M,
@@ -218,6 +237,8 @@ def test_decision_record() -> None:
         "error": decision.error.message if decision.error else None,
         "note": None,
     }
+    assert decide(dialects.named("chat"), CHAT, 900, Limits(C), "clamp", 1).summary() == "clamped 100->99"
+    assert decide(dialects.named("chat"), CHAT, 100, Limits(C), "clamp", 1).summary() == "passed 100+100<=999"
 
 
 # --- limits -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ def test_defaults() -> None:
     config = ProxyConfig()
     assert (config.host, config.port, config.layout, config.budget, config.store) == (
         "0.0.0.0",
-        0,
+        8840,
         "auto",
         "clamp",
         DEFAULT_STORE,

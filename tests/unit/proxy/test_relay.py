@@ -59,7 +59,7 @@ async def upstream() -> AsyncIterator[str]:
 @pytest.fixture
 async def proxy(upstream: str, store_path: Path) -> AsyncIterator[Proxy]:
     config = ProxyConfig(
-        upstream=upstream, host="127.0.0.1", layout="openai", store=str(store_path), sync=True
+        upstream=upstream, host="127.0.0.1", port=0, layout="openai", store=str(store_path), sync=True
     )
     async with Proxy(config) as started:
         yield started
@@ -182,7 +182,9 @@ async def test_a_write_into_a_client_that_left_mid_stream_is_recorded_with_what_
         await real_write(self, data)
 
     monkeypatch.setattr(web.StreamResponse, "write", write_then_fail)
-    config = ProxyConfig(upstream=plain_upstream, host="127.0.0.1", layout="openai", store=str(store_path))
+    config = ProxyConfig(
+        upstream=plain_upstream, host="127.0.0.1", port=0, layout="openai", store=str(store_path)
+    )
     with caplog.at_level(logging.ERROR):
         async with Proxy(config) as proxy, aiohttp.ClientSession() as http:
             url = proxy.host_base_url + "/v1/chat/completions"
