@@ -88,8 +88,6 @@ TRACKED_SESSIONS = 1024
 TRACKED_TURNS = 8
 # Node hashes known to be stored, so an unchanged node is not re-inserted.
 KNOWN_NODES_MAX = 65536
-# Ids are packed as uint32: every vocabulary in use is far below 2^32.
-_ID_LIMIT = 2**32
 
 Decoder = Callable[[list[int]], list[str]]
 
@@ -334,13 +332,9 @@ class TokenWriter:
 def recorded_ids(ex: Exchange, dialect: Dialect, request: Any, response: Any) -> TokenIds | None:
     """The ids to record for `ex`: those modeltap rendered, else those its successful response
     carries (the writer stores the response without them: `dialects.token_ids.without_ids`)."""
-    ids = ex.token_ids
-    if ids is None and ex.status == 200 and ex.error_class is None:
-        ids = dialect.token_ids(request, response)
-    if ids is not None and not (_in_range(ids.prompt) and _in_range(ids.completion)):
-        log.warning("exchange %s: token ids out of the uint32 range; not recorded", ex.id)
-        return None
-    return ids
+    if ex.token_ids is not None:
+        return ex.token_ids
+    return dialect.token_ids(request, response) if ex.status == 200 and ex.error_class is None else None
 
 
 def _chat(dialect: Dialect, request: Any, response: Any) -> _Chat | None:
@@ -369,10 +363,6 @@ def _turn_number(conn: sqlite3.Connection, session: str | None, exchange_id: str
         (session, exchange_id),
     ).fetchone()
     return int(row[0]) if row and row[0] else None
-
-
-def _in_range(ids: list[int]) -> bool:
-    return all(0 <= token < _ID_LIMIT for token in ids)
 
 
 # -- packing -------------------------------------------------------------------------------------

@@ -165,3 +165,14 @@ def test_the_stored_body_keeps_a_marker_where_the_recorded_ids_were() -> None:
     assert without_ids(chat_completion(assistant(TEXT), usage=usage(1, 1))) == chat_completion(
         assistant(TEXT), usage=usage(1, 1)
     )
+
+
+@pytest.mark.parametrize("garbage", [[1, "2"], [True, 2], [-1], [2**32], [1.0], "123"])
+def test_lists_that_are_not_uint32_ids_are_no_ids_streamed_or_not(garbage: Any) -> None:
+    body = chat_completion(assistant(TEXT), usage=usage(1, 1), token_ids=COMPLETION) | {
+        "prompt_token_ids": garbage
+    }
+    assert served("chat", body) is None
+    first = chat_chunk({"role": "assistant", "content": TEXT}, "stop", prompt_token_ids=PROMPT)
+    first["choices"][0]["token_ids"] = garbage
+    assert served("chat", assembled("chat", sse_data(first) + SSE_DONE)) is None
