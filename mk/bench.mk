@@ -11,17 +11,21 @@ BENCH_PYTHON_agl ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/pytho
 BENCH_PEERS := mitmproxy litellm
 BENCH_ARGS ?=
 
-.PHONY: bench bench-overhead bench-scale bench-profile bench-venvs
+.PHONY: bench bench-overhead bench-scale bench-token-ids bench-profile bench-venvs
 
 bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_scale $(BENCH_ARGS)
+	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
 
 bench-overhead: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
 
 bench-scale: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_scale $(BENCH_ARGS)
+
+bench-token-ids: .venv-bench/.installed
+	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
 
 bench-profile: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_profile $(BENCH_ARGS)
