@@ -11,8 +11,9 @@ storing ids or breaks (token_store.py), or showing them (view.py, the viewer).
 Messages are compared as OpenAI chat messages (each dialect's `conversation`), so a break is
 classified the same way whatever the wire format. Pure functions, no I/O.
 
-    position = break_position(previous_prompt + previous_completion, prompt, finish_reason="stop",
-                              completion_length=len(previous_completion))
+    expected = previous_prompt + previous_completion
+    position = break_position(common_prefix(expected, prompt), len(expected), len(prompt),
+                              finish_reason="stop", completion_length=len(previous_completion))
     if position is not None:
         kind, message, role = classify(previous, history, digests, tools, position, len(previous_prompt))
 """
@@ -67,17 +68,22 @@ class Turn:
 
 
 def break_position(
-    expected: Sequence[int], prompt: Sequence[int], *, finish_reason: str | None, completion_length: int
+    shared: int,
+    expected_length: int,
+    prompt_length: int,
+    *,
+    finish_reason: str | None,
+    completion_length: int,
 ) -> int | None:
-    """The first position where `prompt` stops following `expected` (the previous turn's prompt +
-    completion), or None when it follows it whole. A completion that stopped on its own ("stop") may
-    see its last id rendered as another end-of-turn token in the next prompt (Qwen stopping on
-    `<|endoftext|>` where its template writes `<|im_end|>`): that one difference is allowed."""
-    shared = common_prefix(expected, prompt)
-    if shared == len(expected):
+    """Where a prompt stops following the previous turn's prompt + completion (`expected_length` ids),
+    given the ids they `shared` (`common_prefix`), or None when it follows it whole. A completion that
+    stopped on its own ("stop") may see its last id rendered as another end-of-turn token in the next
+    prompt (Qwen stopping on `<|endoftext|>` where its template writes `<|im_end|>`): that one
+    difference is allowed."""
+    if shared == expected_length:
         return None
-    last = len(expected) - 1
-    if shared == last and completion_length > 0 and finish_reason == "stop" and len(prompt) > last:
+    last = expected_length - 1
+    if shared == last and completion_length > 0 and finish_reason == "stop" and prompt_length > last:
         return None
     return shared
 

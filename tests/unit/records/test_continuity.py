@@ -7,9 +7,9 @@ from array import array
 
 import pytest
 
+from modeltap.records import continuity
 from modeltap.records.continuity import (
     Turn,
-    break_position,
     classify,
     common_prefix,
     digest,
@@ -36,6 +36,10 @@ def test_common_prefix_matches_a_plain_loop_on_long_and_short_sequences() -> Non
         )
         assert common_prefix(a, b) == expected
         assert common_prefix(array("I", a), b) == expected
+
+
+def break_position(expected: list[int], prompt: list[int], **context: object) -> int | None:
+    return continuity.break_position(common_prefix(expected, prompt), len(expected), len(prompt), **context)  # type: ignore[arg-type]
 
 
 def test_a_prompt_that_extends_prompt_and_completion_is_continuous() -> None:
