@@ -3,7 +3,7 @@
 Owns: cutting a session's main conversation into continuous stretches (a new one starts where the
 token history breaks), and writing each as one JSON line: `input_ids` (the stretch's last prompt and
 completion), `loss_mask` (1 exactly on the model's own completion ids), `logprobs` (aligned, null
-elsewhere), the turns it covers, the session's labels, reward and outcome. docs/token-ids.md §4 has
+elsewhere), the turns it covers, the session's labels, reward and outcome. docs/token-ids.md §5 has
 the format beside AReaL's and Agent Lightning's. Does not own: storing ids or finding breaks
 (token_store.py, continuity.py), choosing the session's final conversation (export.py's rule, shared
 with `--format messages`).

@@ -65,6 +65,10 @@ async def test_an_exact_session_exports_one_line_of_the_last_prompt_and_completi
     # Logprobs sit exactly on the completion ids, null elsewhere.
     assert [p is not None for p in line["logprobs"]] == [bool(m) for m in line["loss_mask"]]
     assert line["logprobs"][len(prompts[0])] == 0.0 and line["break_after"] is None
+    # As `torch.tensor` takes them (docs/token-ids.md §5): flat, equally long, ints, 0/1, floats or null.
+    assert len(line["input_ids"]) == len(line["loss_mask"]) == len(line["logprobs"])
+    assert {type(i) for i in line["input_ids"]} == {int} and set(line["loss_mask"]) == {0, 1}
+    assert {type(p) for p in line["logprobs"]} == {float, type(None)}
 
 
 async def test_a_long_session_costs_about_its_final_length_in_ids(tmp_path: Path) -> None:
