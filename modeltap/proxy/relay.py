@@ -49,7 +49,7 @@ from modeltap.proxy.errors import (
 )
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
-from modeltap.proxy.token_recorder import with_fields
+from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
 from modeltap.proxy.upstream import Reply, Upstream
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
 
@@ -217,7 +217,7 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
             payload = json.dumps(fixed).encode()
     extra: Mapping[str, str] = {}
     if ctx.token_ids is not None and body is not None and dialect.completion_field(body) is not None:
-        payload, extra = await _ask_token_ids(flow, target, payload or b"")
+        payload, extra = await _ask_token_ids(flow, ctx.token_ids, target, payload or b"")
     reply = await _send(flow, target, route, payload, extra)
     if isinstance(reply, web.StreamResponse):
         return reply
@@ -229,11 +229,12 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
     return await _relay_body(flow, target.upstream, reply)
 
 
-async def _ask_token_ids(flow: _Flow, target: Target, payload: bytes) -> tuple[bytes, Mapping[str, str]]:
+async def _ask_token_ids(
+    flow: _Flow, recorder: TokenIdRecorder, target: Target, payload: bytes
+) -> tuple[bytes, Mapping[str, str]]:
     """`payload` and the extra headers that ask the upstream's engine for its token ids; or, when it
     returns none, the payload as it is and the exchange marked for rendering."""
-    recorder, draft = flow.ctx.token_ids, flow.draft
-    assert recorder is not None
+    draft = flow.draft
     body = draft.sent if draft.sent is not None else draft.request_json or {}
     probe = {"Authorization": f"Bearer {target.key}"} if target.key else {}
     if not probe and target.pass_client_credentials and hdrs.AUTHORIZATION in flow.request.headers:

@@ -146,9 +146,9 @@ class TokenWriter:
         finish_reason: str | None,
     ) -> None:
         """Record `ids` (those of `recorded_ids`), checked against the turn `ex` continues; or, when
-        modeltap asked for ids and none came, that it asked."""
+        modeltap asked for ids of a successful exchange and none came, that it asked."""
         if ids is None:
-            if ex.token_ask is not None:
+            if ex.token_ask is not None and ex.status == 200:
                 conn.execute(
                     "INSERT INTO exchange_tokens (exchange_id, session_id, ask) VALUES (?, ?, ?)",
                     (ex.id, ex.session_id, ex.token_ask),

@@ -347,7 +347,11 @@ def _token_lines(turn: dict[str, Any], indent: str, width: int | None) -> list[s
 
 def _ids_text(ids: dict[str, Any]) -> str:
     if ids["source"] is None:
-        return f"none came back (asked {ids['ask']})"
+        return (
+            "none: they could not be rendered"
+            if ids["ask"] == "rendered"
+            else f"none came back (asked {ids['ask']})"
+        )
     text = f"{ids['source']}: prompt {ids['prompt_length']}, completion {ids['completion_length']}"
     if ids["continues"] is not None:
         text += f", continues #{ids['continues']} sharing {ids['shared']}"

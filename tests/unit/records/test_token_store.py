@@ -254,7 +254,15 @@ async def test_rendered_ids_and_ids_asked_for_but_missing(tmp_path: Path) -> Non
         tmp_path,
         exchange(body, answer, session_id="s", token_ids=rendered_ids, token_ask="rendered"),
         exchange(body, answer, session_id="t", token_ask="vllm: return_token_ids"),
+        exchange(
+            body,
+            {"error": {"message": "boom"}},
+            session_id="u",
+            status=500,
+            token_ask="vllm: return_token_ids",
+        ),
     )
+    assert reader.token_turns("u") == []  # a failed exchange has no ids to miss
     assert [(row["source"], row["prompt_length"]) for row in reader.token_turns("s")] == [
         ("rendered", len(prompt))
     ]

@@ -214,7 +214,7 @@ function renderDrift(drift) {
 
 function tokenFacts(ids) {
   if (!ids) return null;
-  if (!ids.source) return `token ids: none came back (asked ${ids.ask})`;
+  if (!ids.source) return ids.ask === "rendered" ? "token ids: none, they could not be rendered" : `token ids: none came back (asked ${ids.ask})`;
   const continues = ids.continues != null ? ` · continues #${ids.continues} sharing ${ids.shared}` : "";
   return `token ids ${ids.source}: prompt ${ids.prompt_length}, completion ${ids.completion_length}${continues}`;
 }
