@@ -3,6 +3,7 @@
 #   agents   opencode and Claude Code from npm into $(NPM_PREFIX) (versions: docs/agents.md §1)
 #   dockerd  docker.io from apt when missing, dockerd started when not answering (checked every time)
 #   chromium Debian's chromium, for the web viewer's browser tests (checked every time)
+#   zsh      Debian's zsh, for the completion tests (bash is there already; checked every time)
 
 NPM_PREFIX := .cache/npm
 OPENCODE_VERSION := 1.18.33
@@ -13,9 +14,9 @@ CLAUDE_CODE_VERSION := 2.1.332
 VENV_STAMP := $(VENV)/.modeltap-installed
 AGENTS_STAMP := $(NPM_PREFIX)/.installed-opencode-$(OPENCODE_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)
 
-.PHONY: setup venv agents dockerd chromium
+.PHONY: setup venv agents dockerd chromium zsh
 
-setup: venv agents dockerd chromium
+setup: venv agents dockerd chromium zsh
 
 venv: $(VENV_STAMP)
 
@@ -35,3 +36,6 @@ dockerd:
 
 chromium:
 	command -v chromium >/dev/null || scripts/apt-install.sh chromium
+
+zsh:
+	command -v zsh >/dev/null || scripts/apt-install.sh zsh

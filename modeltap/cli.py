@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import difflib
 import errno
 import io
 import json
@@ -26,12 +27,14 @@ from aiohttp import web
 
 from modeltap import __version__
 from modeltap.compat import doctor
+from modeltap.completion import SHELLS, script
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.records.console import ConsoleLog
 from modeltap.records.export import FORMATS, LINE_FORMATS, write_export
-from modeltap.records.replay import comparison_text, load_mock, mock_app, replay
+from modeltap.records.mock import load_mock, mock_app
+from modeltap.records.replay import comparison_text, replay
 from modeltap.records.store import StoreReader
 from modeltap.records.ui import viewer_app
 from modeltap.records.view import (
@@ -63,9 +66,12 @@ EPILOG_EXPORT = """examples:
 EPILOG_REPLAY = """example:
   modeltap replay s-3f2a --upstream http://127.0.0.1:8000 --turn 3
 the replay is recorded as a new session labelled replay_of=SESSION; exit status 1 when a turn differs"""
-EPILOG_MOCK = """example:
+EPILOG_MOCK = """examples:
   modeltap mock --session s-3f2a --port 9000
-  # then point the agent at http://127.0.0.1:9000/v1 (OpenAI-style) or http://127.0.0.1:9000 (Anthropic)"""
+  # then point the agent at http://127.0.0.1:9000/v1 (OpenAI-style) or http://127.0.0.1:9000 (Anthropic)
+  modeltap mock --session s-3f2a --strict   a test fixture: an off-script request gets a 409
+each request is logged on stderr with how it matched (exact #3, next in order #4 (diverged at ...));
+GET /_modeltap/mock says what was served, POST /_modeltap/mock/reset starts the session over"""
 EPILOG_UI = """example:
   modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
@@ -73,7 +79,11 @@ EPILOG_UI = """example:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `modeltap` console script."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # argparse hands a subcommand's leftovers to the top-level parser, whose usage says nothing
+        # of the subcommand's flags: the subcommand's own parser says it, with the closest flag.
+        args.parser.error(_unknown_arguments(args.parser, unknown))
     # Records keep what agents sent, a lone surrogate included: printed as its escape, never a crash.
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
@@ -166,6 +176,12 @@ def _parser() -> argparse.ArgumentParser:
     mock.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     mock.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
     mock.add_argument("--realtime", action="store_true", help="answer at the recorded pace")
+    mock.add_argument(
+        "--strict",
+        action="store_true",
+        help="serve exact matches only: any other request gets a 409 saying where it diverged",
+    )
+    mock.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     _config_flags(mock, ("max_body_bytes",))
     _store_option(mock)
 
@@ -193,6 +209,16 @@ def _parser() -> argparse.ArgumentParser:
         "example:\n  modeltap demo",
     )
     _store_option(demo)
+
+    completion = _command(
+        commands,
+        "completion",
+        _completion,
+        "print a shell completion script for bash or zsh",
+        'examples:\n  eval "$(modeltap completion bash)"     in ~/.bashrc\n'
+        '  eval "$(modeltap completion zsh)"      in ~/.zshrc, after compinit',
+    )
+    completion.add_argument("shell", choices=SHELLS)
     return parser
 
 
@@ -206,8 +232,17 @@ def _command(
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub.set_defaults(run=run)
+    sub.set_defaults(run=run, parser=sub)
     return sub
+
+
+def _unknown_arguments(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """argparse's words for arguments nobody took, with the closest flag of `parser` for a mistyped one."""
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+    typed = next((arg.partition("=")[0] for arg in unknown if arg.startswith("--")), None)
+    close = difflib.get_close_matches(typed, flags, n=1) if typed else []
+    return message + (f" (did you mean {close[0]}?)" if close else "")
 
 
 def _config_flags(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
@@ -405,11 +440,14 @@ def _mock(args: argparse.Namespace) -> int:
     if args.session:
         with StoreReader(store) as reader:
             session_id = resolve_session(reader, args.session)
-    mock = load_mock(store, session=session_id, realtime=args.realtime)
+    mock = load_mock(store, session=session_id, realtime=args.realtime, strict=args.strict)
     what = f"session {session_id} in turn order" if session_id else "every session, matched by request body"
-    banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}"
+    strict = ", strict: off-script requests get a 409" if args.strict else ""
+    banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}{strict}"
     max_body_bytes = ProxyConfig.from_sources({"max_body_bytes": args.max_body_bytes}).max_body_bytes
-    asyncio.run(_serve_app_until_signalled(mock_app(mock, max_body_bytes), args.host, args.port, banner))
+    log = None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True)
+    app = mock_app(mock, max_body_bytes, log)
+    asyncio.run(_serve_app_until_signalled(app, args.host, args.port, banner))
     return 0
 
 
@@ -497,6 +535,11 @@ def _bundle_tasks(path: str) -> dict[str, float]:
     from modeltap.adapter import load_bundle
 
     return {task.id: task.timeout_s for task in load_bundle(path).tasks.values()}
+
+
+def _completion(args: argparse.Namespace) -> int:
+    print(script(_parser(), args.shell), end="")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

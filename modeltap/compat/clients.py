@@ -45,6 +45,31 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return api_key or None
 
 
+# How each client we know names itself in User-Agent (docs/agents.md §3-§7), most specific first: the
+# records label each exchange with the client, so traffic can be told apart without a session.
+_USER_AGENTS = (
+    ("opencode/", "opencode"),
+    ("claude-cli/", "claude-code"),
+    ("codex_exec/", "codex"),
+    ("QwenCode/", "qwen-code"),
+    ("AsyncOpenAI/Python", "openai-python"),
+    ("OpenAI/Python", "openai-python"),
+    ("AsyncAnthropic/Python", "anthropic-python"),
+    ("Anthropic/Python", "anthropic-python"),
+)
+
+
+def client_of(user_agent: str | None) -> str | None:
+    """The name of the known client that sent `user_agent`, or None.
+
+    >>> client_of("opencode/1.18.33 ai-sdk/provider-utils/4.0.23"), client_of("curl/8.0")
+    ('opencode', None)
+    """
+    if not user_agent:
+        return None
+    return next((name for prefix, name in _USER_AGENTS if user_agent.startswith(prefix)), None)
+
+
 # Every header a client may carry an API key in: the relay looks at each for a session token.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
 

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from modeltap.compat.areal import installed_capabilities
+from modeltap.proxy.anonymous import AnonymousConversations
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.observers import Observers
 from modeltap.proxy.sessions import SessionRegistry
@@ -47,6 +48,7 @@ class ProxyContext:
     token_ids: TokenIdRecorder | None = None
     token_ids_report: str = "off"
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
+    anonymous: AnonymousConversations = field(default_factory=AnonymousConversations)
     started: float = field(default_factory=time.time)
     # Where AReaL is installed (the adapter runs inside it), its bare path is the likely one.
     auto_first: Literal["areal", "openai"] = field(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 import zlib
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from modeltap.proxy.errors import (
     UpstreamUnreachable,
     error_bytes,
 )
+from modeltap.proxy.naming import NamingError, names_for
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
@@ -89,13 +89,8 @@ INFLATE_SLICE_BYTES = 1024 * 1024
 UPSTREAM_ACCEPT_ENCODING = "gzip, deflate"
 # Response headers that describe the upstream's encoding or framing, which the relay changes.
 _RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}
-# Session hints agents already send (docs/peers.md §6): they group anonymous traffic by agent run.
-_SESSION_HINTS = (("x-claude-code-session-id", "claude-code"), ("x-session-id", "opencode"))
-_HINT_SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # The header every budgeted answer carries: what the budget decided, in a few characters.
 BUDGET_HEADER = "x-modeltap-budget"
-# Traffic with no session token and no client hint; distinct from the "default" session `serve` opens.
-ANONYMOUS_SESSION = "anonymous"
 _SESSION_GONE = (
     "this session token is unknown, expired or closed: ask whoever gave you the URL for a new session"
 )
@@ -193,12 +188,21 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
     if request.method != dialect.method:
         raise MethodNotAllowed(f"use {dialect.method} for {dialect.route}, not {request.method}")
     target = _identify(ctx, request, route)
-    if target.session is not None:
-        _note_session(flow, target.session)
-    else:
-        draft.session_id = _session_hint(request)
+    _note_session(flow, target.session)
     authenticated = target.session is not None or ctx.loopback_only
     body = await _read_body(flow, authenticated) if dialect.method == "POST" else None
+    try:
+        names = names_for(
+            request.headers,
+            target.session,
+            loopback_only=ctx.loopback_only,
+            anonymous=ctx.anonymous,
+            dialect=dialect,
+            body=body,
+        )
+    except NamingError as exc:
+        raise BadRequest(str(exc)) from None
+    draft.session_id, draft.labels = names.session_id, names.labels
     if dialect.counts_prompt and ctx.budget is not None and body is not None:
         return web.json_response(await ctx.budget.count_answer(dialect, body))
     payload = draft.request if body is not None else None
@@ -332,14 +336,6 @@ def _recorded_path(request: web.Request) -> str:
 def _note_session(flow: _Flow, session: Session | None) -> None:
     if session is not None:
         flow.draft.session_id, flow.draft.labels = session.id, dict(session.labels)
-
-
-def _session_hint(request: web.Request) -> str:
-    for header, client in _SESSION_HINTS:
-        value = request.headers.get(header)
-        if value and _HINT_SAFE.match(value):
-            return f"{client}:{value}"
-    return ANONYMOUS_SESSION
 
 
 async def _read_body(flow: _Flow, authenticated: bool) -> dict[str, Any]:

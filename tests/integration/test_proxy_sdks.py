@@ -69,7 +69,7 @@ async def test_openai_sdk_reaches_areal_bare_path_with_the_session_key(
     assert rows[0]["finish_reason"] == "tool_calls" and rows[0]["tool_calls"] == 1
     assert rows[1]["response"]["choices"][0]["message"]["content"] == "42"
     assert rows[1]["completion_tokens"] is not None and rows[1]["stream_complete"]
-    assert all(r["labels"] == {"task_id": "t1"} for r in rows)
+    assert all(r["labels"] == {"task_id": "t1", "client": "openai-python"} for r in rows)
     assert all(session.token not in r["path"] for r in rows)
 
 

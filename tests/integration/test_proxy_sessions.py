@@ -300,7 +300,10 @@ async def test_labels_are_in_every_record_of_the_session(
     await areal_proxy.stop()
     rows = records(store_path)
     assert [r["status"] for r in rows] == [200, 200, 200, 500, 403, 400, 405, 403]
-    assert all(r["session_id"] == session.id and r["labels"] == labels for r in rows)
+    assert all(r["session_id"] == session.id for r in rows)
+    # Each record carries the session's labels, and the client its User-Agent names where it names one.
+    clients = ["openai-python"] * 2 + ["anthropic-python", "openai-python", "anthropic-python"] + [None] * 3
+    assert [r["labels"] for r in rows] == [labels | ({"client": c} if c else {}) for c in clients]
     with StoreReader(store_path) as reader:
         [row] = [s for s in reader.sessions() if s["id"] == session.id]
     assert row["labels"] == labels and row["exchanges"] == len(rows)

@@ -26,7 +26,8 @@ from modeltap.dialects.sse import StreamAssembler
 from modeltap.proxy.config import DEFAULT_MAX_BODY_BYTES
 from modeltap.proxy.server import Proxy
 from modeltap.records.export import conversation
-from modeltap.records.replay import load_mock, mock_app, replay
+from modeltap.records.mock import load_mock, mock_app
+from modeltap.records.replay import replay
 from modeltap.records.store import StoreReader
 from modeltap.records.view import turns
 from tests.agents import arun_opencode
@@ -129,7 +130,7 @@ def test_show_export_on_an_openai_sdk_session(
 
     code, out = run_cli(capsys, "show", session.id[:6], "--store", store)
     lines = out.splitlines()
-    assert code == 0 and lines[0] == f"session {session.id}: 3 turn(s)  agent=openai-sdk"
+    assert code == 0 and lines[0] == f"session {session.id}: 3 turn(s)  client=openai-python agent=openai-sdk"
     assert lines[1].startswith("#1  ") and '  tool_calls  → bash({"command": "echo $((6 * 7))"})' in lines[1]
     assert "    + user       Run `echo $((6 * 7))` and reply with the number." in lines
     assert any(line.startswith("#2  ") and "chat (stream)  200" in line and "stop" in line for line in lines)
@@ -208,7 +209,7 @@ def test_mock_serves_the_session_to_the_sdk_and_to_replay(
 ) -> None:
     served = vllm_standin.model_requests
     with cli_process("mock", "--session", session_id, "--store", str(store_path), ready="listening on") as (
-        _,
+        mock,
         line,
     ):
         url = line.split("listening on ")[1]
@@ -218,6 +219,28 @@ def test_mock_serves_the_session_to_the_sdk_and_to_replay(
         code, out = run_cli(capsys, "replay", session_id, "--upstream", url, "--store", str(store_path))
         assert code == 0 and "2 turn(s) replayed, 0 differ" in out, out
     assert vllm_standin.model_requests == served  # the upstream saw nothing of either
+    assert mock.stderr is not None
+    log = mock.stderr.read().splitlines()
+    assert log[:2] == [
+        "POST /v1/chat/completions  next in order #1 (diverged at message 1 (user): "
+        "recorded 'Run `echo $((6 * 7))` and reply with the number.', sent 'What is 6 * 7? Use the shell.')",
+        "POST /v1/chat/completions  next in order #2 (diverged at message 1 (user): "
+        "recorded 'Run `echo $((6 * 7))` and reply with the number.', sent 'What is 6 * 7? Use the shell.')",
+    ]
+    assert log[2:] == ["POST /v1/chat/completions  exact #1", "POST /v1/chat/completions  exact #2"]  # replay
+
+
+def test_strict_mock_is_a_fixture_that_catches_an_agent_going_off_script(
+    session_id: str, store_path: Path
+) -> None:
+    argv = ("mock", "--session", session_id, "--strict", "--store", str(store_path))
+    with cli_process(*argv, ready="listening on") as (_, line):
+        url = line.split("listening on ")[1]
+        assert play(url + "/v1") == ["bash", {"command": "echo $((6 * 7))"}, "42"]  # on script
+        with pytest.raises(openai.ConflictError) as off:
+            play(url + "/v1", ask={"role": "user", "content": "What is 6 * 7? Use the shell."})
+    assert off.value.code == "mock_off_script"
+    assert "off script: turn #1 is next, and the request diverged at message 1 (user)" in off.value.message
 
 
 def test_tail_follows_serve_from_another_process(vllm_standin: OpenAILikeStandIn, store_path: Path) -> None:

@@ -19,7 +19,19 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 
 
 def test_the_commands_design_names_all_exist() -> None:
-    expected = {"serve", "sessions", "show", "tail", "export", "replay", "mock", "ui", "doctor", "demo"}
+    expected = {
+        "serve",
+        "sessions",
+        "show",
+        "tail",
+        "export",
+        "replay",
+        "mock",
+        "ui",
+        "doctor",
+        "demo",
+        "completion",
+    }
     assert expected <= set(commands())
 
 
@@ -40,3 +52,22 @@ def test_a_reader_on_a_missing_store_says_how_to_point_at_one(
 ) -> None:
     assert main(["sessions", "--store", str(tmp_path / "none.db")]) == 2
     assert "--store" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "hint"),
+    [
+        (["show", "--fulll", "s-1"], "usage: modeltap show", "(did you mean --full?)"),
+        (["serve", "--upstrem", "http://x"], "usage: modeltap serve", "(did you mean --upstream?)"),
+        (["mock", "--sesion", "s-1"], "usage: modeltap mock", "(did you mean --session?)"),
+        (["sessions", "stray"], "usage: modeltap sessions", "stray"),
+    ],
+)
+def test_a_mistyped_flag_prints_the_subcommands_usage_and_the_closest_flag(
+    argv: list[str], usage: str, hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(usage)
+    assert f"modeltap {argv[0]}: error: unrecognized arguments: " in err and hint in err

@@ -227,16 +227,3 @@ def test_without_a_key_the_clients_credentials_pass_untouched() -> None:
     request = make_mocked_request("POST", "/v1/chat/completions", headers={"Authorization": "Bearer own"})
     target = relay.Target(upstream=None, key=None, pass_client_credentials=True, session=None)  # type: ignore[arg-type]
     assert relay._upstream_headers(request, target, dialects.named("chat"))["Authorization"] == "Bearer own"
-
-
-@pytest.mark.parametrize(
-    ("headers", "expected"),
-    [
-        ({"x-claude-code-session-id": "abc-123"}, "claude-code:abc-123"),
-        ({"x-session-id": "ses_9"}, "opencode:ses_9"),
-        ({"x-session-id": "has space"}, relay.ANONYMOUS_SESSION),
-        ({}, relay.ANONYMOUS_SESSION),
-    ],
-)
-def test_session_hints_group_anonymous_traffic(headers: dict[str, str], expected: str) -> None:
-    assert relay._session_hint(make_mocked_request("POST", "/", headers=headers)) == expected

@@ -1,0 +1,69 @@
+"""Anonymous traffic split into conversations: requests that bring no session token and no session
+hint are grouped by the continuity of their message histories, not stitched into one session.
+
+Owns: the rule. A conversation is known by how it starts (its system prompt and first message) and by
+where its last request ended (the length of its history and its last message). A request whose history
+starts the same way and holds that last message at that position continues it; any other starts a new
+one. Two runs that send the very same first request share a session until they part, which is all
+their bytes allow. Bounded: the oldest conversations are forgotten. Does not own: sessions with a
+token (sessions.py) or hints (naming.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from modeltap.dialects.base import Dialect
+
+# Conversations remembered: an agent fleet's worth; past it the oldest conversation's next request
+# starts a new session.
+CONVERSATIONS_MAX = 4096
+# Conversations kept per way of starting (a GRPO group's samples all start alike).
+TAILS_PER_START = 64
+
+
+@dataclass(slots=True)
+class _Tail:
+    session: str
+    length: int
+    last: str
+
+
+class AnonymousConversations:
+    """Names the conversation an anonymous request belongs to."""
+
+    def __init__(self, prefix: str = "anon") -> None:
+        self._prefix = prefix
+        self._by_start: OrderedDict[str, list[_Tail]] = OrderedDict()
+
+    def session_of(self, dialect: Dialect, body: dict[str, Any]) -> str | None:
+        """The session of the conversation `body` continues or starts; None for a format without a
+        conversation (completions, embeddings)."""
+        history = dialect.history(body)
+        if not history:
+            return None
+        system = body.get(dialect.system_field) if dialect.system_field else None
+        start = _digest([system, history[0]])
+        tails = self._by_start.pop(start, [])
+        self._by_start[start] = tails
+        if len(self._by_start) > CONVERSATIONS_MAX:
+            self._by_start.popitem(last=False)
+        last = _digest(history[-1])
+        for tail in sorted(tails, key=lambda t: -t.length):
+            if tail.length <= len(history) and _digest(history[tail.length - 1]) == tail.last:
+                tail.length, tail.last = len(history), last
+                return tail.session
+        session = f"{self._prefix}-{secrets.token_hex(6)}"
+        tails.append(_Tail(session, len(history), last))
+        del tails[:-TAILS_PER_START]
+        return session
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
