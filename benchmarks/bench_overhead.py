@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bodies import short_turn
-from benchmarks.harness import RESULTS, Running, log, run_configs, select, with_proxy_cpu
-from benchmarks.load import Run, first_answer, run_load
-from benchmarks.report import fmt, preamble, table
+from benchmarks.harness import RESULTS, Running, interleaved, run_configs, select
+from benchmarks.load import Run, first_answer
+from benchmarks.report import fmt, preamble, save, table
 
 # Per scenario: at most this long, so the slowest peer (LiteLLM, ~84 req/s at c=8 here) still stops.
 TIME_CAP_S = 20.0
@@ -62,26 +61,16 @@ async def measure(running: list[Running], quick: bool) -> None:
             r.row["stream_problem"] = problem
     rounds = 1 if quick else ROUNDS
     runs: dict[tuple[str, str], Run] = {}
-    for round_index in range(rounds):
-        # Rotate the order each round, so that no configuration always runs right after the same one.
-        shift = round_index % len(running)
-        for scenario in SCENARIOS:
-            requests = scenario.requests // (QUICK_DIVISOR if quick else rounds)
-            for r in running[shift:] + running[:shift]:
-                if scenario.stream and not r.row["streams"]:
-                    continue
-                log(f"  round {round_index + 1}/{rounds} {scenario.key} {r.config.name}: {requests} requests")
-                body = functools.partial(body_for, stream=scenario.stream)
-                load = run_load(
-                    r.started.target,
-                    body,
-                    requests,
-                    scenario.concurrency,
-                    scenario.stream,
-                    TIME_CAP_S / rounds,
-                )
-                run = await with_proxy_cpu(r.started, load)
-                runs.setdefault((r.config.name, scenario.key), Run()).merge(run)
+    scenarios = interleaved(
+        running,
+        SCENARIOS,
+        rounds,
+        lambda scenario: scenario.requests // (QUICK_DIVISOR if quick else rounds),
+        body_for,
+        TIME_CAP_S,
+    )
+    async for r, scenario, run in scenarios:
+        runs.setdefault((r.config.name, scenario.key), Run()).merge(run)
     for r in running:
         r.row["scenarios"] = {
             key: run.summary() for (name, key), run in runs.items() if name == r.config.name
@@ -322,10 +311,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     results = asyncio.run(run_all(args.only, args.quick))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "overhead.md").write_text(render(results))
-    print(render(results))
+    save(args.out, "overhead", results, render(results))
 
 
 if __name__ == "__main__":

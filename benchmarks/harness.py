@@ -7,19 +7,20 @@ peak RSS. What is measured while a configuration runs is the caller's ``measure`
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from benchmarks import machine
 from benchmarks.configs import Configuration, Started, all_configurations, started
-from benchmarks.load import Run
+from benchmarks.load import Run, run_load
 from benchmarks.processes import HOST, free_port, start, wait_listening
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,9 +54,16 @@ def select(only: str | None) -> list[Configuration]:
 @contextmanager
 def stand_in_upstream(workdir: Path) -> Iterator[str]:
     """The stand-in upstream (benchmarks/stand_in.py) running for the block; yields its base URL."""
+    with local_server("stand_in", workdir) as url:
+        yield url
+
+
+@contextmanager
+def local_server(module: str, workdir: Path) -> Iterator[str]:
+    """`python -m benchmarks.MODULE --port N` running for the block; yields its base URL."""
     port = free_port()
     service = start(
-        "stand-in", [sys.executable, "-m", "benchmarks.stand_in", "--port", str(port)], workdir, cwd=REPO
+        module, [sys.executable, "-m", f"benchmarks.{module}", "--port", str(port)], workdir, cwd=REPO
     )
     try:
         wait_listening(service, port)
@@ -124,6 +132,49 @@ async def _start(
         return None
     row["startup_s"] = round(running.startup_s, 2)
     return Running(config, running, row)
+
+
+class Scenario(Protocol):
+    """A timed load: its name, how many requests in flight, streamed or not."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def stream(self) -> bool: ...
+
+
+S = TypeVar("S", bound=Scenario)
+
+
+async def interleaved(
+    running: list[Running],
+    scenarios: Sequence[S],
+    rounds: int,
+    requests: Callable[[S], int],
+    body_for: Callable[..., bytes],
+    time_cap_s: float,
+) -> AsyncIterator[tuple[Running, S, Run]]:
+    """Each scenario against each configuration that accepts it (streams where `row["streams"]` is not
+    False), `rounds` times, `requests(scenario)` requests each time: yields each configuration's run.
+
+    The order rotates each round, so that no configuration always runs right after the same one, and
+    load that other work puts on the shared machine is spread over all of them.
+    """
+    for round_index in range(rounds):
+        shift = round_index % len(running)
+        for scenario in scenarios:
+            count = requests(scenario)
+            for r in running[shift:] + running[:shift]:
+                if scenario.stream and r.row.get("streams") is False:
+                    continue
+                log(f"  round {round_index + 1}/{rounds} {scenario.key} {r.config.name}: {count} requests")
+                body = functools.partial(body_for, stream=scenario.stream)
+                load = run_load(
+                    r.started.target, body, count, scenario.concurrency, scenario.stream, time_cap_s / rounds
+                )
+                yield r, scenario, await with_proxy_cpu(r.started, load)
 
 
 async def with_proxy_cpu(running: Started, load: Awaitable[Run]) -> Run:

@@ -5,7 +5,9 @@ Owns: how results read on the page. Not: computing them (bench_*.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -58,3 +60,11 @@ def preamble(results: dict[str, Any], title: str) -> list[str]:
         ],
     )
     return lines
+
+
+def save(out: Path, stem: str, results: dict[str, Any], markdown: str) -> None:
+    """`out/STEM.json` (the results) and `out/STEM.md` (the report), and the report on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown)
+    print(markdown)

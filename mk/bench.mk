@@ -1,6 +1,7 @@
 # `make bench`: modeltap side by side with its peers on loopback (benchmarks/README.md).
 # Each tool lives in its own venv, created once and refreshed only when its requirements file changes:
 #   .venv-bench            the harness, stand-in upstream, load generator, matplotlib, py-spy, and modeltap itself
+#                          (with its [otlp] extra, for bench-otlp)
 #   .venv-bench-mitmproxy  mitmproxy 11.0.2 (the last release for Python 3.11)
 #   .venv-bench-litellm    litellm[proxy] 1.108.7, hash-locked (releases 1.82.7/1.82.8 were malicious)
 #   .venv-bench-agl        agentlightning 1.0.2 (needs Python >= 3.12); optional: the bench says when it is absent
@@ -11,11 +12,12 @@ BENCH_PYTHON_agl ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/pytho
 BENCH_PEERS := mitmproxy litellm
 BENCH_ARGS ?=
 
-.PHONY: bench bench-overhead bench-scale bench-token-ids bench-profile bench-venvs
+.PHONY: bench bench-overhead bench-scale bench-otlp bench-token-ids bench-profile bench-venvs
 
 bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_scale $(BENCH_ARGS)
+	.venv-bench/bin/python -m benchmarks.bench_otlp $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
 
 bench-overhead: bench-venvs
@@ -23,6 +25,9 @@ bench-overhead: bench-venvs
 
 bench-scale: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_scale $(BENCH_ARGS)
+
+bench-otlp: .venv-bench/.installed
+	.venv-bench/bin/python -m benchmarks.bench_otlp $(BENCH_ARGS)
 
 bench-token-ids: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
@@ -36,7 +41,7 @@ bench-venvs: .venv-bench/.installed $(BENCH_PEERS:%=.venv-bench-%/.installed)
 
 .venv-bench/.installed: requirements/bench.txt pyproject.toml
 	test -x .venv-bench/bin/python || $(BENCH_PYTHON) -m venv .venv-bench
-	.venv-bench/bin/pip install --quiet -r requirements/bench.txt -e .
+	.venv-bench/bin/pip install --quiet -r requirements/bench.txt -e '.[otlp]'
 	touch $@
 
 # The peers install from full hash locks with --no-deps, so pip takes exactly the files recorded there.

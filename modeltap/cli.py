@@ -28,11 +28,11 @@ from aiohttp import web
 from modeltap import __version__
 from modeltap.compat import doctor
 from modeltap.completion import SHELLS, script
-from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig
+from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.records.console import ConsoleLog
-from modeltap.records.export import FORMATS, LINE_FORMATS, write_export
+from modeltap.records.export import FORMATS, send_otlp, write_export
 from modeltap.records.mock import load_mock, mock_app
 from modeltap.records.replay import comparison_text, replay
 from modeltap.records.store import StoreReader
@@ -62,7 +62,8 @@ EPILOG_EXPORT = """examples:
   modeltap export s-3f2a --format jsonl               one exchange per line, with "format_version"
   modeltap export s-3f2a --format messages >> sft.jsonl   the final conversation and its tools
   modeltap export s-3f2a --format tokens              token ids and loss mask per continuous stretch
-  modeltap export --all --format tokens -o train.jsonl      every session recorded with serve --token-ids"""
+  modeltap export --all --format tokens -o train.jsonl      every session recorded with serve --token-ids
+  modeltap export --all --format otlp --otlp-endpoint http://collector:4318   spans, at their times"""
 EPILOG_REPLAY = """example:
   modeltap replay s-3f2a --upstream http://127.0.0.1:8000 --turn 3
 the replay is recorded as a new session labelled replay_of=SESSION; exit status 1 when a turn differs"""
@@ -147,15 +148,14 @@ def _parser() -> argparse.ArgumentParser:
         commands,
         "export",
         _export,
-        "write a session as HAR, JSON lines, SFT messages or token ids",
+        "write a session as HAR, JSON lines, SFT messages or token ids, or send it to a tracing backend",
         EPILOG_EXPORT,
     )
     export.add_argument("session", nargs="?", help="session id, or its first characters")
-    export.add_argument(
-        "--all", action="store_true", help="every session, one after another (jsonl, messages, tokens)"
-    )
+    export.add_argument("--all", action="store_true", help="every session, one after another (all but har)")
     export.add_argument("--format", choices=FORMATS, default="har", help="output format (default har)")
     export.add_argument("-o", "--output", help="file to write (default stdout)")
+    _config_flags(export, ("otlp_endpoint", "otlp_content"))
     _store_option(export)
 
     replay_ = _command(
@@ -364,6 +364,8 @@ def _tail(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     with StoreReader(_store_path(args)) as reader:
+        if args.format == "otlp":
+            return _send_otlp(reader, args)
         sessions = _export_sessions(reader, args)
         if args.output is None:
             skipped = _write_sessions(reader, sessions, args, sys.stdout)
@@ -382,11 +384,11 @@ def _export_sessions(reader: StoreReader, args: argparse.Namespace) -> list[str]
     """The sessions an export covers: the one named, or with `--all` every one. (The seam for the
     filters `sessions` takes: they narrow this list.)"""
     if args.all == (args.session is not None):
-        raise ValueError("name one session, or give --all")
+        raise ValueError("give a SESSION or --all")
     if not args.all:
         return [resolve_session(reader, args.session)]
-    if args.format not in LINE_FORMATS:
-        raise ValueError(f"--all writes one of {', '.join(LINE_FORMATS)}; {args.format} holds one session")
+    if args.format == "har":
+        raise ValueError("a HAR holds one session: name it, or give --all with another --format")
     return [session["id"] for session in reader.sessions()]
 
 
@@ -403,6 +405,19 @@ def _write_sessions(
                 raise
             skipped.append(session_id)
     return skipped
+
+
+def _send_otlp(reader: StoreReader, args: argparse.Namespace) -> int:
+    config = ProxyConfig.from_sources(
+        {"otlp_endpoint": args.otlp_endpoint, "otlp_content": args.otlp_content}
+    )
+    endpoint = otlp_traces_endpoint(config)
+    if endpoint is None:
+        raise ValueError("--format otlp needs --otlp-endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT)")
+    sessions = _export_sessions(reader, args)
+    sent = send_otlp(reader, sessions, endpoint, content=config.otlp_content)
+    print(f"sent {sent} spans of {len(sessions)} session(s) to {endpoint}", file=sys.stderr)
+    return 0
 
 
 def _replay(args: argparse.Namespace) -> int:

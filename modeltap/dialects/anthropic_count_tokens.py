@@ -19,6 +19,7 @@ class CountTokens(Dialect):
     route = "messages/count_tokens"
     areal_v1 = True
     counts_prompt = True
+    provider = "anthropic"
     request_headers = anthropic_messages.Messages.request_headers
 
     def credential_headers(self, key: str) -> dict[str, str]:

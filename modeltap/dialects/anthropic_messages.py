@@ -193,6 +193,8 @@ class Messages(Dialect):
     history_field = "messages"
     context_fields = ("tools", "system")
     system_field = "system"
+    operation = "chat"
+    provider = "anthropic"
     request_headers: ClassVar[Mapping[str, str]] = {"anthropic-version": ANTHROPIC_VERSION}
 
     def credential_headers(self, key: str) -> dict[str, str]:
@@ -266,6 +268,10 @@ class Messages(Dialect):
             for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
                 prompt += as_int(usage.get(cached)) or 0
         return prompt, as_int(usage.get("output_tokens"))
+
+    def cache_usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        usage = as_dict(reply.get("usage"))
+        return as_int(usage.get("cache_read_input_tokens")), as_int(usage.get("cache_creation_input_tokens"))
 
     def conversation(
         self,

@@ -16,7 +16,9 @@ A dialect answers, for its format:
 - streams: `assembler` (rebuild the final body from events) and `synthesise` (the events of a body);
 - records: `summary` (finish reason, reply, tool calls, usage), `new_messages` (what a turn added),
   `conversation` (the exchange as OpenAI chat messages), `tool_call_parse_failure`, and `token_ids`
-  (the prompt and completion ids an engine returned: dialects/token_ids.py).
+  (the prompt and completion ids an engine returned: dialects/token_ids.py);
+- traces: `operation` and `provider`, the format's names in the OpenTelemetry GenAI conventions
+  (docs/otel.md).
 
 Adding a format: write `modeltap/dialects/<format>.py` with a `Dialect` subclass overriding what the
 format has (the defaults say "nothing of that kind"), end it with `DIALECT = MyFormat()`, and add that
@@ -88,6 +90,10 @@ class Summary:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     model: str | None = None
+    cache_read_tokens: int | None = None
+    """Prompt tokens served from the provider's cache (part of `prompt_tokens`)."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the provider's cache (part of `prompt_tokens`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +149,11 @@ class Dialect:
     """Whether its answer is the prompt's token count, which modeltap can give itself."""
     request_headers: ClassVar[Mapping[str, str]] = {}
     """Headers a request of this format needs besides its body (a replay sends them)."""
+    operation: ClassVar[str | None] = None
+    """The call's `gen_ai.operation.name` in the GenAI conventions (docs/otel.md): "chat",
+    "text_completion", "embeddings"; None for a format that calls no model."""
+    provider: ClassVar[str] = "openai"
+    """Whose API the format is, as `gen_ai.provider.name` names it (docs/otel.md)."""
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -240,6 +251,13 @@ class Dialect:
         usage = as_dict(reply.get("usage"))
         return as_int(usage.get("prompt_tokens")), as_int(usage.get("completion_tokens"))
 
+    def cache_usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        """(read from, written to) the provider's prompt cache: OpenAI reports only what it read, as
+        `prompt_tokens_details.cached_tokens` (Responses: `input_tokens_details`)."""
+        usage = as_dict(reply.get("usage"))
+        details = as_dict(usage.get("prompt_tokens_details") or usage.get("input_tokens_details"))
+        return as_int(details.get("cached_tokens")), None
+
     def summary(self, request: Any, response: Any) -> Summary:
         """The exchange at a glance.
 
@@ -256,7 +274,10 @@ class Dialect:
         model = as_str(reply.get("model"))
         if model is None or model in _NO_MODEL:
             model = as_str(as_dict(request).get("model"))
-        return Summary(finish_reason, text, tool_calls, prompt_tokens, completion_tokens, model)
+        cache_read, cache_write = self.cache_usage(reply)
+        return Summary(
+            finish_reason, text, tool_calls, prompt_tokens, completion_tokens, model, cache_read, cache_write
+        )
 
     def new_messages(self, request: Any, previous: Any) -> list[Any]:
         """The messages `request` added against `previous`, the request of the turn it continues.

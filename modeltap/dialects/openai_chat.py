@@ -102,6 +102,7 @@ class Chat(Dialect):
     streams = True
     history_field = "messages"
     context_fields = ("tools",)
+    operation = "chat"
 
     def completion_field(self, body: Mapping[str, Any]) -> str:
         """`max_completion_tokens` wins when both are sent, as on OpenAI, vLLM, SGLang and AReaL

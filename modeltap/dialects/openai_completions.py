@@ -115,6 +115,7 @@ class Completions(Dialect):
     name = "completions"
     route = "completions"
     streams = True
+    operation = "text_completion"
 
     def check(self, body: dict[str, Any]) -> None:
         """`prompt` is text, token ids, or a list of either (OpenAI's four forms), nothing deeper."""

@@ -9,6 +9,7 @@ from modeltap.dialects.base import Dialect
 class Embeddings(Dialect):
     name = "embeddings"
     route = "embeddings"
+    operation = "embeddings"
 
 
 DIALECT = Embeddings()

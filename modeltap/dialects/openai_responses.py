@@ -141,6 +141,8 @@ class Responses(Dialect):
     history_field = "input"
     context_fields = ("tools", "instructions")
     system_field = "instructions"
+    # The conventions' inference span covers the Responses API too, as "chat" (docs/otel.md §2).
+    operation = "chat"
 
     def completion_field(self, body: Any) -> str:
         return "max_output_tokens"

@@ -116,6 +116,15 @@ class ProxyConfig:
     observers: list[str] = option(
         [], "an observer of every exchange, MODULE:ATTR (a class or factory); repeatable", flag="--observer"
     )
+    otlp_endpoint: str | None = option(
+        None,
+        "export a span per exchange to this OTLP/HTTP collector, e.g. http://collector:4318 (/v1/traces"
+        " is appended; default $OTEL_EXPORTER_OTLP_ENDPOINT); needs pip install 'modeltap[otlp]'",
+    )
+    otlp_content: bool = option(
+        False,
+        "with the spans, export prompts and replies too (each text cut at 8192 characters: docs/otel.md §3)",
+    )
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -132,6 +141,8 @@ class ProxyConfig:
             raise ValueError(f"port must be 0..65535, not {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"otlp_endpoint must be an http(s) URL, not {self.otlp_endpoint!r}")
 
     @property
     def store_path(self) -> Path:
@@ -150,6 +161,30 @@ class ProxyConfig:
             elif (raw := env.get("MODELTAP_" + f.name.upper())) is not None:
                 values[f.name] = parse_env(f, raw)
         return cls(**values)
+
+
+def otlp_traces_endpoint(config: ProxyConfig, env: Mapping[str, str] = os.environ) -> str | None:
+    """Where spans go, or None for no export: `--otlp-endpoint` (or MODELTAP_OTLP_ENDPOINT) with
+    `/v1/traces` appended, else OpenTelemetry's own variables as its SDKs read them:
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as it is, else OTEL_EXPORTER_OTLP_ENDPOINT with `/v1/traces`
+    appended (https://opentelemetry.io/docs/specs/otel/protocol/exporter/). A base that already ends in
+    `/v1/traces` is taken as it is.
+
+    >>> otlp_traces_endpoint(ProxyConfig(otlp_endpoint="http://collector:4318"), env={})
+    'http://collector:4318/v1/traces'
+    """
+    if config.otlp_endpoint:
+        return _traces_url(config.otlp_endpoint)
+    if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return _traces_url(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    return None
+
+
+def _traces_url(base: str) -> str:
+    base = base.rstrip("/")
+    return base if base.endswith("/v1/traces") else base + "/v1/traces"
 
 
 def parse_env(f: dataclasses.Field[Any], raw: str) -> Any:

@@ -3,9 +3,9 @@
     route -> identify the session -> read the body -> budget -> rewrite headers -> relay -> seal
 
 Paths are resolved in routes.py, every format's particulars asked of its dialect (modeltap.dialects),
-token budgets decided in budget.py, what to ask for token ids (or render) in token_ids.py, streams
-assembled in dialects/sse.py, upstream paths and client
-errors handled in upstream.py, and the sealed exchange handed to the observers (observers.py; the
+token budgets decided in budget.py, what to ask an engine for its token ids (or render) in
+token_recorder.py, streams assembled in dialects/sse.py, upstream paths and client errors handled in
+upstream.py, and the sealed exchange handed to the observers (observers.py; the
 record store is the first). This module only wires them together for one request, and is the one
 boundary for failures: whatever a stage did not expect is answered 500 in the client's shape and
 recorded as `proxy_error`, and the server keeps serving.

@@ -2,8 +2,8 @@
 
 Owns: the app's routes and lifecycle (the tokenizer, budget and token-id recorder are set up, and the
 store and the upstream pools start with the app and close with it, in `cleanup_ctx`), its observers
-in order (the record store first, then `--observer` ones, then those given in process), binding, and
-the base URLs a host process and a container should use.
+in order (the record store first, then OTLP export, then `--observer` ones, then those given in
+process), binding, and the base URLs a host process and a container should use.
 Does not own: what happens to one request (relay.py).
 
     async with Proxy(ProxyConfig(upstream="http://127.0.0.1:8000", port=0), observers=[printer]) as proxy:
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from modeltap.proxy import admin, listener, network, observers, relay
-from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
 from modeltap.proxy.token_recorder import TokenIdRecorder
@@ -33,6 +33,7 @@ from modeltap.records.store import RecordStore
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
     from modeltap.proxy.tokens import TokenCounter
+    from modeltap.records.otlp import OtlpExport
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,12 @@ def build_app(
 ) -> web.Application:
     """The proxy as an aiohttp Application. `base_urls` returns (host URL, container URL or None) for
     session URLs; by default they are derived from the configured host and port. The observers are
-    the record store, then those `config.observers` names, then `extra_observers`."""
+    the record store, then OTLP export (when asked for), then those `config.observers` names, then
+    `extra_observers`."""
+    exports = _otlp(config)
     store = RecordStore(config.store_path, keep_raw_sse=config.keep_raw_sse, sync=config.sync)
     seam = observers.Observers(
-        [store, *(observers.load(spec) for spec in config.observers), *extra_observers]
+        [store, *exports, *(observers.load(spec) for spec in config.observers), *extra_observers]
     )
 
     def session_changed(session: Session, closed: bool) -> None:
@@ -78,6 +81,8 @@ def build_app(
     # Agents paste whole files into prompts: aiohttp's 1 MiB default would answer them 413.
     app = web.Application(client_max_size=config.max_body_bytes)
     app[CONTEXT] = ctx
+    # Export stops after the app's own teardown, which may still deliver the last exchanges.
+    app.cleanup_ctx.extend(export.lifecycle for export in exports)
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/_modeltap/health", _health)
     admin.add_routes(app)
@@ -85,6 +90,22 @@ def build_app(
     app.router.add_route("HEAD", _EVERY_PATH, _head)
     app.router.add_route("*", _EVERY_PATH, relay.handle)
     return app
+
+
+def _otlp(config: ProxyConfig) -> list[OtlpExport]:
+    """The OTLP exporter, when `--otlp-endpoint` or OpenTelemetry's own variables ask for one. Without
+    the optional packages, the flag is an error; the variables alone (set for other tools) a warning."""
+    endpoint = otlp_traces_endpoint(config)
+    if endpoint is None:
+        return []
+    try:
+        from modeltap.records.otlp import OtlpExport
+    except ImportError as exc:
+        if config.otlp_endpoint:
+            raise ValueError(f"--otlp-endpoint: {exc}") from exc
+        log.warning("not exporting spans to %s: %s", endpoint, exc)
+        return []
+    return [OtlpExport(endpoint, content=config.otlp_content)]
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -189,6 +210,13 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _head(request: web.Request) -> web.Response:
     return web.Response(status=200)
+
+
+def _spans(config: ProxyConfig) -> str:
+    endpoint = otlp_traces_endpoint(config)
+    if endpoint is None:
+        return "not exported (--otlp-endpoint URL exports a span per exchange)"
+    return f"{endpoint} ({'with' if config.otlp_content else 'without'} prompts and replies)"
 
 
 def _base_urls(host: str, port: int) -> tuple[str, str | None]:
@@ -306,6 +334,7 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
         f"  records   {config.store_path.resolve()}",
         f"            follow them: modeltap tail --store {config.store_path.resolve()}",
         f"            browse them: modeltap ui --store {config.store_path.resolve()}",
+        f"  spans     {_spans(config)}",
         f"  budget    {proxy.context.budget_report}",
         f"  token ids {proxy.context.token_ids_report}",
         f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",

@@ -1,11 +1,12 @@
 """A recorded session in the formats other tools read: HAR 1.2, JSON lines, chat messages for SFT, and
-token lines for RL trainers.
+token lines for RL trainers, and OpenTelemetry spans sent to a tracing backend.
 
-Owns: `modeltap export` (`har`, `jsonl`, `messages`, `tokens`: token_export.py writes those lines),
-and the rule that picks a session's final conversation, which `messages` and `tokens` share. Streamed
-responses go into the HAR as their events (streams.py), where mitmproxy's HAR keeps no body at all for
-a streamed response (docs/peers.md §8.2). Does not own: reading the store (store.py), a format's
-conversion to chat (its dialect), synthesising streams (streams.py) or turn views (view.py).
+Owns: `modeltap export` (`har`, `jsonl`, `messages`, `tokens`: token_export.py writes those lines, and
+`otlp`, which sends through otlp.py), and the rule that picks a session's final conversation, which
+`messages` and `tokens` share. Streamed responses go into the HAR as their events (streams.py), where
+mitmproxy's HAR keeps no body at all for a streamed response (docs/peers.md §8.2). Does not own:
+reading the store (store.py), a format's conversion to chat (its dialect), synthesising streams
+(streams.py), turn views (view.py) or spans (genai.py, otlp.py).
 
     with StoreReader(path) as reader:
         write_export(reader, "s-3f2a", "har", sys.stdout)
@@ -26,10 +27,7 @@ from modeltap.records.streams import stream_events
 from modeltap.records.token_export import token_lines
 from modeltap.records.view import pretty
 
-FORMATS = ("har", "jsonl", "messages", "tokens")
-# The formats whose output is one JSON document per line, so that several sessions can follow each
-# other in one file (`export --all`).
-LINE_FORMATS = ("jsonl", "messages", "tokens")
+FORMATS = ("har", "jsonl", "messages", "tokens", "otlp")
 # Each JSONL line says which format it is in; a reader checks it before trusting the fields.
 JSONL_FORMAT = "modeltap.exchange"
 JSONL_FORMAT_VERSION = 1
@@ -56,6 +54,17 @@ def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) ->
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
     else:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+
+
+def send_otlp(reader: StoreReader, session_ids: Sequence[str], endpoint: str, *, content: bool) -> int:
+    """Send the sessions' exchanges to an OTLP/HTTP traces `endpoint` as spans with their original
+    times, a session at a time; returns how many were sent."""
+    try:
+        from modeltap.records.otlp import backfill  # the optional extra, loaded only when asked for
+    except ImportError as exc:
+        raise ValueError(str(exc)) from exc
+    rows = (row for session_id in session_ids for row in reader.exchanges(session_id))
+    return backfill(rows, endpoint, content=content)
 
 
 def jsonl(reader: StoreReader, session_id: str) -> Iterator[str]:

@@ -28,6 +28,9 @@ from tests.standins.openai_like import OpenAILikeStandIn
 
 pytestmark = pytest.mark.agents
 
+# Loading the served tokenizer (transformers) takes seconds, and many more on a loaded machine.
+TOKENIZER_START_TIMEOUT_S = 120.0
+
 
 def cli(*args: str) -> str:
     done = subprocess.run(
@@ -101,16 +104,16 @@ def test_opencode_session_exports_one_exact_line_and_an_edited_copy_breaks_into_
 
     sessions = {s["id"]: s for s in json.loads(cli("sessions", "--json", "--store", str(store)))}
     assert sessions[session]["token_drift"] is None
-    drift = sessions["opencode:edited-copy"]["token_drift"]
+    drift = sessions["edited-copy"]["token_drift"]
     assert (drift["turn"], drift["continues_turn"], drift["kind"], drift["role"]) == (
         3,
         2,
         "assistant_text_changed",
         "assistant",
     )
-    exported = cli("export", "opencode:edited-copy", "--format", "tokens", "--store", str(store)).splitlines()
+    exported = cli("export", "edited-copy", "--format", "tokens", "--store", str(store)).splitlines()
     assert [json.loads(text)["turns"] for text in exported] == [[2], [3]]
-    shown = cli("show", "opencode:edited-copy", "--store", str(store))
+    shown = cli("show", "edited-copy", "--store", str(store))
     assert "#3" in shown and "token drift" in shown and "text came back changed" in shown
 
 
@@ -135,7 +138,9 @@ def test_claude_code_through_token_ids_gets_rendered_ids(
 ) -> None:
     # AReaL returns no ids: Claude Code's requests go up untouched and the ids are rendered.
     store = tmp_path / "records.db"
-    proc, lines = start_serve(["--upstream", areal.url, "--token-ids", "--tokenizer", qwen_dir], store)
+    proc, lines = start_serve(
+        ["--upstream", areal.url, "--token-ids", "--tokenizer", qwen_dir], store, TOKENIZER_START_TIMEOUT_S
+    )
     try:
         port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", "\n".join(lines)).group(1))  # type: ignore[union-attr]
         run = run_claude(f"http://127.0.0.1:{port}", areal.open_session("claude").api_key, tmp_path / "proj")

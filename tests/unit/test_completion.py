@@ -9,6 +9,7 @@ from pathlib import Path
 
 from modeltap.cli import _parser
 from modeltap.completion import script
+from modeltap.records.export import FORMATS
 
 
 def bash_complete(tmp_path: Path, *words: str, parser: argparse.ArgumentParser | None = None) -> list[str]:
@@ -29,7 +30,7 @@ def test_bash_completes_commands_flags_choices_and_positional_values(tmp_path: P
     assert bash_complete(tmp_path, "-v", "ex") == ["export"]  # a top-level flag before the command
     assert bash_complete(tmp_path, "show", "--fu") == ["--full"]
     assert bash_complete(tmp_path, "mock", "--st") == ["--strict", "--store"]
-    assert bash_complete(tmp_path, "export", "s-1", "--format", "") == ["har", "jsonl", "messages"]
+    assert bash_complete(tmp_path, "export", "s-1", "--format", "") == sorted(FORMATS)
     assert bash_complete(tmp_path, "serve", "--budget", "c") == ["clamp"]
     assert bash_complete(tmp_path, "completion", "") == ["bash", "zsh"]
     (tmp_path / "records.db").write_text("")
@@ -71,7 +72,7 @@ def test_zsh_describes_commands_and_gives_each_flag_its_help_and_choices(tmp_pat
     assert top.startswith("compdef _modeltap modeltap\ndescribe serve:run the recording proxy")
     assert "show:show a session turn by turn: what each turn added" in top
     export = zsh_complete(tmp_path, "export", "--format", "")
-    assert "--format[output format (default har)]:format:(har jsonl messages)" in export
+    assert f"--format[output format (default har)]:format:({' '.join(FORMATS)})" in export
     assert "(-o --output)-o[file to write (default stdout)]:output:_files" in export
     # A help text with a colon or a quote is escaped, not cut: it arrives whole.
     serve = zsh_complete(tmp_path, "serve", "--")

@@ -143,6 +143,7 @@ CHAT_CALL = {"id": "call_1", "name": "bash", "arguments": ARGUMENTS}
                 30,
                 7,
                 "gpt-x",
+                cache_read_tokens=10,
             ),
         ),
         (
@@ -156,6 +157,8 @@ CHAT_CALL = {"id": "call_1", "name": "bash", "arguments": ARGUMENTS}
                 2125,  # input_tokens leaves the cached prompt out; the summary counts the whole prompt
                 5,
                 "claude-opus-5-5",
+                cache_read_tokens=2000,
+                cache_write_tokens=100,
             ),
         ),
         (

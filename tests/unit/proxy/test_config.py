@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from modeltap.proxy.config import BUDGET_POLICIES, DEFAULT_STORE, ProxyConfig
+from modeltap.proxy.config import BUDGET_POLICIES, DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
 
 
 def test_defaults() -> None:
@@ -36,6 +36,7 @@ def test_secrets_stay_out_of_the_repr() -> None:
         ({"upstream": "ftp://x"}, "upstream must be an http"),
         ({"port": 70000}, "port must be 0..65535"),
         ({"max_body_bytes": 10}, "at least 1024"),
+        ({"otlp_endpoint": "collector:4318"}, "otlp_endpoint must be an http"),
     ],
 )
 def test_bad_values_are_refused_with_the_field_named(fields: dict[str, object], message: str) -> None:
@@ -69,3 +70,26 @@ def test_a_flag_wins_over_the_environment_which_wins_over_the_default() -> None:
 def test_every_field_has_help_for_its_flag() -> None:
     for field in dataclasses.fields(ProxyConfig):
         assert field.metadata["help"], field.name
+
+
+BASE = "OTEL_EXPORTER_OTLP_ENDPOINT"
+TRACES = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        (None, {}, None),
+        ("http://c:4318", {}, "http://c:4318/v1/traces"),
+        ("http://c:4318/", {}, "http://c:4318/v1/traces"),
+        ("http://c:4318/v1/traces", {}, "http://c:4318/v1/traces"),
+        (None, {BASE: "http://env:4318"}, "http://env:4318/v1/traces"),
+        (None, {TRACES: "http://env:4318/custom"}, "http://env:4318/custom"),
+        (None, {BASE: "http://base:4318", TRACES: "http://traces:4318/t"}, "http://traces:4318/t"),
+        ("http://flag:4318", {BASE: "http://base", TRACES: "http://traces/t"}, "http://flag:4318/v1/traces"),
+    ],
+)
+def test_spans_go_to_the_flag_else_to_opentelemetrys_own_variables(
+    flag: str | None, env: dict[str, str], expected: str | None
+) -> None:
+    assert otlp_traces_endpoint(ProxyConfig(otlp_endpoint=flag), env) == expected

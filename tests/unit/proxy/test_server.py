@@ -3,6 +3,7 @@ the health route, and the start-up report."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,17 @@ async def test_the_report_prints_an_admin_key_only_when_modeltap_made_it_up(stor
     async with Proxy(config(store_path, admin_key="operators-own-key")) as proxy:
         report = startup_report(proxy, None)
     assert "operators-own-key" not in report and "<the --admin-key you gave>" in report
+
+
+def test_without_the_otlp_extra_the_flag_fails_and_the_variables_alone_only_warn(
+    store_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from modeltap.proxy.server import build_app
+
+    monkeypatch.setitem(sys.modules, "modeltap.records.otlp", None)  # as if the packages were absent
+    with pytest.raises(ValueError, match="--otlp-endpoint: "):
+        build_app(config(store_path, otlp_endpoint="http://127.0.0.1:9"))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    app = build_app(config(store_path))
+    assert len(app.cleanup_ctx) == 1  # the app's own lifecycle, and no export
+    assert "not exporting spans to http://127.0.0.1:9/v1/traces" in caplog.text
