@@ -27,7 +27,7 @@ from modeltap.records.streams import stream_events
 from modeltap.records.token_export import token_lines
 from modeltap.records.view import pretty
 
-FORMATS = ("har", "jsonl", "messages", "tokens", "otlp")
+FORMATS = ("har", "jsonl", "messages", "otlp", "tokens")
 # Each JSONL line says which format it is in; a reader checks it before trusting the fields.
 JSONL_FORMAT = "modeltap.exchange"
 JSONL_FORMAT_VERSION = 1
