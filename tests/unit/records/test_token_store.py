@@ -300,3 +300,30 @@ def test_a_store_of_the_previous_version_migrates(tmp_path: Path) -> None:
     conn.close()
     with StoreReader(path) as reader:
         assert reader.sessions()[0]["token_drift"] is None and reader.token_turns("old") == []
+
+
+async def test_a_completions_session_continues_its_last_turn(tmp_path: Path) -> None:
+    def turn(prompt: list[int], completion: list[int]) -> Any:
+        choice = {
+            "index": 0,
+            "text": "x",
+            "finish_reason": "stop",
+            "prompt_token_ids": prompt,
+            "token_ids": completion,
+        }
+        return exchange(
+            {"model": "m", "prompt": "x"}, {"choices": [choice]}, endpoint="completions", session_id="c"
+        )
+
+    reader = await record(
+        tmp_path, turn([1, 2], [3]), turn([1, 2, 3, 4], [5]), turn([1, 2, 3, 4, 5, 6], [7]), turn([1, 9], [8])
+    )
+    rows = reader.token_turns("c")
+    assert [row["shared"] for row in rows] == [None, 3, 5, 1]
+    drift = drift_of(reader, "c")
+    # Without a conversation to compare, a break inside the prompt it continues is an edit.
+    assert drift is not None and (drift["turn"], drift["kind"], drift["message"]) == (
+        4,
+        "message_edited",
+        None,
+    )
