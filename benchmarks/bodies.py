@@ -60,8 +60,8 @@ def short_turn(prompt_words: int = 200) -> BodyFor:
 
 def qwen_token_counter() -> Callable[[list[str]], list[int]]:
     """Count each string of a batch with the Qwen vocabulary that modeltap's budget uses in the benchmarks."""
-    # The tokenizers package comes with transformers (a modeltap dependency); reading tokenizer.json
-    # directly counts with the vocabulary alone, no chat template, no transformers import.
+    # The tokenizers package comes with modeltap's budget extra; reading tokenizer.json directly counts
+    # with the vocabulary alone, no chat template.
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(qwen_tokenizer_dir() / "tokenizer.json"))

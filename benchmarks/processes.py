@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
-# LiteLLM takes ~8 s to start here (docs/peers.md §3.1); modeltap imports transformers. Room for both
-# on a loaded 2-core machine.
+# LiteLLM takes ~8 s to start here (docs/peers.md §3.1); modeltap reads its tokenizer's vocabulary for
+# a few seconds. Room for both on a loaded 2-core machine.
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.1

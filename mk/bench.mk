@@ -12,11 +12,12 @@ BENCH_PYTHON_agl ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/pytho
 BENCH_PEERS := mitmproxy litellm
 BENCH_ARGS ?=
 
-.PHONY: bench bench-overhead bench-scale bench-otlp bench-token-ids bench-profile bench-venvs
+.PHONY: bench bench-overhead bench-scale bench-counting bench-otlp bench-token-ids bench-profile bench-venvs
 
 bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_scale $(BENCH_ARGS)
+	.venv-bench/bin/python -m benchmarks.bench_counting $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_otlp $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
 
@@ -25,6 +26,9 @@ bench-overhead: bench-venvs
 
 bench-scale: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_scale $(BENCH_ARGS)
+
+bench-counting: .venv-bench/.installed
+	.venv-bench/bin/python -m benchmarks.bench_counting $(BENCH_ARGS)
 
 bench-otlp: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_otlp $(BENCH_ARGS)
@@ -41,7 +45,7 @@ bench-venvs: .venv-bench/.installed $(BENCH_PEERS:%=.venv-bench-%/.installed)
 
 .venv-bench/.installed: requirements/bench.txt pyproject.toml
 	test -x .venv-bench/bin/python || $(BENCH_PYTHON) -m venv .venv-bench
-	.venv-bench/bin/pip install --quiet -r requirements/bench.txt -e '.[otlp]'
+	.venv-bench/bin/pip install --quiet -r requirements/bench.txt -e '.[budget,otlp]'
 	touch $@
 
 # The peers install from full hash locks with --no-deps, so pip takes exactly the files recorded there.

@@ -89,8 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
-    # modeltap uses transformers for tokenizers only; its "PyTorch was not found" advice is noise here.
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-# modeltap uses transformers for tokenizers only; its "PyTorch was not found" advice is noise here.
+# transformers is the counting tests' oracle (modeltap never imports it); its "PyTorch was not found"
+# advice is noise here.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 pytest_plugins = ["tests.standins.fixtures", "tests.store_guard"]

@@ -3,7 +3,8 @@ tests build, each with the defaults most tests want and keywords for what a test
 
 Owns: the bash tool and the question the SDK-driven tests send; non-streamed OpenAI chat, completions
 and Responses bodies and Anthropic messages; the chunks and SSE framing of their streams; modeltap
-`Exchange`s and a record store written with them. Does not own: what a stand-in upstream answers
+`Exchange`s and a record store written with them; copies of the Qwen2.5 tokenizer folder with another
+config or template, and small byte-level BPE tokenizers. Does not own: what a stand-in upstream answers
 (tests/standins/) or any test's expected values.
 
     CHAT = chat_completion(assistant("42"), usage=usage(25, 5))
@@ -14,9 +15,13 @@ and Responses bodies and Anthropic messages; the chunks and SSE framing of their
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from modeltap.proxy import bpe
 from modeltap.records.exchange import Exchange
 from modeltap.records.store import RecordStore
 from tests.standins.anthropic_wire import sse_event
@@ -29,6 +34,7 @@ __all__ = [
     "MODEL",
     "SSE_DONE",
     "assistant",
+    "byte_level_tokenizer",
     "chat_chunk",
     "chat_completion",
     "completion_chunk",
@@ -36,6 +42,7 @@ __all__ = [
     "function_call_item",
     "message",
     "message_item",
+    "qwen_folder",
     "recorded",
     "response",
     "sse_data",
@@ -275,3 +282,46 @@ CONTROL_PATHS = [
     "/alloc_ports",
     "/internal/wait_for_session",
 ]
+
+
+# --- tokenizer folders ---------------------------------------------------------------------------------
+
+
+def qwen_folder(
+    root: Path,
+    qwen_dir: str,
+    config: dict[str, Any] | None = None,
+    *,
+    drop: tuple[str, ...] = (),
+    files: dict[str, str] | None = None,
+) -> Path:
+    """A copy of the Qwen2.5 tokenizer folder (tokenizer.json linked), its config updated by `config`
+    without the keys in `drop`, plus `files` (relative path: text, written byte for byte).
+
+    The Qwen config's `"unk_token": null` stays: with the key missing, Qwen2Tokenizer would pass its
+    code default to templates, which no folder reader can know (modeltap/proxy/chat_template.py).
+    """
+    root.mkdir(parents=True)
+    (root / "tokenizer.json").symlink_to(Path(qwen_dir, "tokenizer.json"))
+    saved = json.loads(Path(qwen_dir, "tokenizer_config.json").read_text(encoding="utf-8"))
+    saved = {k: v for k, v in saved.items() if k not in drop} | (config or {})
+    (root / "tokenizer_config.json").write_text(json.dumps(saved), encoding="utf-8")
+    for name, text in (files or {}).items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(text.encode("utf-8"))
+    return root
+
+
+def byte_level_tokenizer(merges: Sequence[tuple[str, str]] = (), extra: Sequence[str] = ()) -> Tokenizer:
+    """A GPT-2-style byte-level BPE: the 256 byte symbols, then each merge's result (ids in merge
+    order), then `extra` tokens that no merge produces; ChatML's two added tokens."""
+    vocab = {symbol: i for i, symbol in enumerate(bpe.bytes_to_unicode().values())}
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    for token in extra:
+        vocab[token] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    return tok

@@ -3,7 +3,8 @@
 Owns: finding a folder's chat templates and the special tokens templates see, the way
 `AutoTokenizer.from_pretrained` does; rendering one conversation byte for byte as
 `apply_chat_template(..., tokenize=False)` does; and loading `tokenizer.json` as a `tokenizers.Tokenizer`
-with the added tokens transformers declares on top of it. Does not own: counting (tokens.py), turning a
+with the added tokens transformers declares on top of it (or, with `vocabulary=False`, its pipeline
+without a BPE vocabulary, read through tokenizer_json.py). Does not own: counting (tokens.py), turning a
 request body into messages (compat/prompts.py), converting Python functions into tool schemas
 (transformers' `get_json_schema`: tools arrive as JSON schema dicts), batches of conversations,
 `continue_final_message`, assistant-token masks, or `sanitize_control_tokens`.
@@ -46,6 +47,8 @@ import jinja2.utils
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Tokenizer
+
+from modeltap.proxy.tokenizer_json import TokenizerJson
 
 # The files transformers reads a tokenizer folder's chat templates and special tokens from
 # (utils/hub.py, tokenization_utils_base.py `from_pretrained`).
@@ -139,7 +142,7 @@ class ChatTemplate:
 
     def source(self, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The template `render` uses with these tools, as transformers' `get_chat_template` picks it."""
-        return self._templates[self._name_for(tools)]
+        return self._templates[self.name_for(tools)]
 
     def render(
         self,
@@ -162,23 +165,48 @@ class ChatTemplate:
         dict), TypeError (a message or document that is not a mapping, a kwarg transformers consumes
         itself), or jinja2.TemplateError (the template refused the conversation: `raise_exception`).
         """
+        cut = (len(messages), add_generation_prompt)
+        return self.render_prefixes(messages, [cut], tools=tools, documents=documents, **template_kwargs)[0]
+
+    def render_prefixes(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        cuts: Sequence[tuple[int, bool]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[str]:
+        """`render(messages[:length], add_generation_prompt=prompt, ...)` for each (length, prompt) of
+        `cuts`, converting the inputs once: what comparing the renders of one growing conversation
+        costs without copying its tools for each. Raises as `render` does (ValueError for an empty
+        prefix)."""
         consumed = APPLY_CHAT_TEMPLATE_PARAMETERS.intersection(template_kwargs)
         if consumed:
             raise TypeError(
                 f"apply_chat_template consumes {sorted(consumed)} itself; they are not template kwargs"
             )
-        template = self._compiled[self._name_for(tools)]
+        template = self._compiled[self.name_for(tools)]
         chat = _conversation(messages)
-        context = _template_data({**self._special_tokens, **template_kwargs})
-        return template.render(
-            messages=chat,
-            tools=_tool_schemas(tools),
-            documents=_documents(documents),
-            add_generation_prompt=add_generation_prompt,
-            **context,
-        )
+        schemas, context = _tool_schemas(tools), _template_data({**self._special_tokens, **template_kwargs})
+        renders = []
+        for length, prompt in cuts:
+            _refuse_empty(chat[:length])
+            # The sandbox lets no template change a list or dict, so the renders share the copies.
+            renders.append(
+                template.render(
+                    messages=chat[:length],
+                    tools=schemas,
+                    documents=_documents(documents),
+                    add_generation_prompt=prompt,
+                    **context,
+                )
+            )
+        return renders
 
-    def _name_for(self, tools: Sequence[Mapping[str, Any]] | None) -> str:
+    def name_for(self, tools: Sequence[Mapping[str, Any]] | None) -> str:
+        """The name of the template `render` uses with these tools. Raises ValueError where none is
+        named "default" and no tool_use one applies."""
         # transformers asks `tools is not None`, so an empty list still picks the tool_use template.
         if tools is not None and TOOL_USE_TEMPLATE in self._templates:
             return TOOL_USE_TEMPLATE
@@ -205,17 +233,24 @@ class TokenizerFiles:
     added_tokens: Mapping[int, AddedToken]
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> TokenizerFiles:
+    def load(cls, directory: str | os.PathLike[str], *, vocabulary: bool = True) -> TokenizerFiles:
         """Read a local tokenizer folder: tokenizer.json, tokenizer_config.json and the chat template
         files. Raises ValueError naming the files it looked for when tokenizer.json or every chat
-        template is missing, or when a file is malformed."""
+        template is missing, or when a file is malformed.
+
+        `vocabulary=False` leaves out a BPE model's vocabulary and merges: `tokenizer` is then the
+        pipeline around an empty model, which knows the added tokens, the normaliser, pre-tokenizer
+        and post-processor (`num_special_tokens_to_add`) and encodes nothing else. That is what a
+        caller reading the vocabulary itself needs (bpe.py), without the ~80 MB Qwen2.5's takes in
+        the tokenizers library.
+        """
         folder = Path(directory)
         tokenizer_path = folder / TOKENIZER_FILE
         if not tokenizer_path.is_file():
             raise ValueError(f"no {TOKENIZER_FILE} in {folder}: modeltap needs a fast (tokenizers) tokenizer")
         config = _read_json_object(folder / TOKENIZER_CONFIG_FILE)
         templates = _find_templates(folder, config)
-        tokenizer = _read_tokenizer(tokenizer_path)
+        tokenizer = _read_tokenizer(tokenizer_path) if vocabulary else _read_pipeline(tokenizer_path)
         named, extra = _special_tokens(folder, config, tokenizer.padding)
         _declare_added_tokens(tokenizer, config, named, extra)
         # `split_special_tokens` makes transformers encode special tokens' text as ordinary text.
@@ -324,8 +359,7 @@ def _compile(name: str, source: str) -> jinja2.Template:
 def _conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[Any, Any]]:
     """The messages as plain data, without None-valued keys, with the reasoning aliases filled in
     (`_normalize_chat_messages`, then `_plain_template_data` and `_alias_reasoning_fields`)."""
-    if len(messages) == 0:
-        raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+    _refuse_empty(messages)
     chat = []
     for message in messages:
         data = _template_data(message)
@@ -336,6 +370,11 @@ def _conversation(messages: Sequence[Mapping[str, Any]]) -> list[dict[Any, Any]]
         # Clients send `content: null` or `tool_calls: null`; templates handle a missing key instead.
         chat.append(_with_reasoning_aliases({key: value for key, value in data.items() if value is not None}))
     return chat
+
+
+def _refuse_empty(messages: Sequence[Any]) -> None:
+    if len(messages) == 0:
+        raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
 
 
 def _with_reasoning_aliases(message: dict[Any, Any]) -> dict[Any, Any]:
@@ -367,8 +406,14 @@ def _documents(documents: Sequence[Mapping[str, Any]] | None) -> Any:
 def _template_data(value: Any) -> Any:
     """`value` rebuilt from plain JSON types, as transformers' `_plain_template_data` does: the sandbox
     does not know which methods of a rich object are dangerous, so templates never see one."""
-    if value is None or type(value) in _JSON_SCALAR_TYPES:
+    kind = type(value)
+    if value is None or kind in _JSON_SCALAR_TYPES:
         return value
+    # JSON's own containers first, by exact type: the ABC checks below cost more than the copy.
+    if kind is dict:
+        return {_template_data(key): _template_data(item) for key, item in value.items()}
+    if kind is list:
+        return [_template_data(item) for item in value]
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):
@@ -562,6 +607,16 @@ def _as_added_token(token: str | AddedToken, named_contents: set[str]) -> AddedT
 def _read_tokenizer(path: Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
+        raise ValueError(f"{path} is not a tokenizers file: {exc}") from exc
+
+
+def _read_pipeline(path: Path) -> Tokenizer:
+    """tokenizer.json with its BPE vocabulary and merges left empty, never held whole in memory."""
+    with TokenizerJson.read(path) as document:
+        spec = document.spec
+    try:
+        return Tokenizer.from_str(json.dumps(spec))
     except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
         raise ValueError(f"{path} is not a tokenizers file: {exc}") from exc
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import importlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -26,7 +27,7 @@ from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
-from modeltap.proxy.token_recorder import TokenIdRecorder
+from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder
 from modeltap.records.exchange import SessionEvent
 from modeltap.records.store import RecordStore
 
@@ -45,6 +46,10 @@ SHUTDOWN_TIMEOUT_S = 10.0
 # of 128, 2,000 agents connecting together overflowed it 132 times (a dropped SYN is retried 1 s later):
 # benchmarks/load_sessions.py. The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG = 4096
+
+# What `pip install 'modeltap[budget]'` adds (pyproject.toml): the chat template's, the tokenizer's and
+# the fast encoder's libraries.
+_BUDGET_EXTRA = frozenset({"jinja2", "tokenizers", "tiktoken"})
 
 BaseUrls = Callable[[], tuple[str, str | None]]
 # Every path, a percent-encoded newline included (`.*` stops at one, and aiohttp would answer such a
@@ -113,8 +118,6 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     counter = await _counter(ctx.config)
     ctx.budget, ctx.budget_report = await _budget(ctx, counter)
     ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
-    if ctx.token_ids is not None and counter is not None:
-        ctx.store.tokens.decoder = counter.decode_each
     ctx.store.start()
     ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
@@ -128,12 +131,14 @@ async def _counter(config: ProxyConfig) -> TokenCounter | None:
     """The served model's tokenizer, when a budget or `--token-ids` needs it and one is configured."""
     if config.tokenizer is None or (config.budget == "off" and not config.token_ids):
         return None
-    # transformers takes seconds to import: only a proxy that counts or renders pays for it.
+    _require_budget_extra()
     from modeltap.proxy.tokens import TokenCounter
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
     # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
     areal = config.layout == "areal"
+    # Off the loop: a first load reads the vocabulary for a second or two (a later one, of the same
+    # folder in this process, is shared: tokens.SHARED).
     return await asyncio.to_thread(
         TokenCounter.load,
         config.tokenizer,
@@ -163,13 +168,30 @@ async def _budget(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[Budg
     return budget, f"{config.budget} with {config.tokenizer}: {limits.describe()}"
 
 
+def _require_budget_extra() -> None:
+    """Import the budget's libraries (the `budget` extra, ~15 MB, loaded only by a proxy that counts),
+    or raise RuntimeError saying what to install."""
+    for name in sorted(_BUDGET_EXTRA):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            raise RuntimeError(
+                f"--tokenizer needs the budget's dependencies ({name} is not installed): "
+                "pip install 'modeltap[budget]'"
+            ) from exc
+
+
 async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[TokenIdRecorder | None, str]:
-    """The token-id recorder, with the default upstream's engine learnt at start, and its start-up line."""
+    """The token-id recorder, with the default upstream's engine learnt at start, and its start-up line.
+    Where the served tokenizer renders ids, the record store decodes the ids around a break with it."""
     config = ctx.config
     if not config.token_ids:
         return None, "off (no --token-ids)"
-    recorder = TokenIdRecorder(config, counter)
-    rendered = f"rendered with {config.tokenizer}" if counter is not None else None
+    renderer = await asyncio.to_thread(IdRenderer, counter) if counter is not None else None
+    recorder = TokenIdRecorder(config, renderer)
+    if renderer is not None:
+        ctx.store.tokens.decoder = renderer.decode_each
+    rendered = f"rendered with {config.tokenizer}" if renderer is not None else None
     if config.upstream is None:
         return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"
     engine = await recorder.engine(ctx.upstream(config.upstream), _probe_headers(config))

@@ -2,17 +2,17 @@
 
 Owns: learning each upstream's engine once (the operator's `--engine`, else its discovery answers,
 read by compat/engines.py), adding what that engine needs to a request without re-serialising it, and
-the fallback: the served model's template and tokenizer (proxy/tokens.py's `TokenCounter.encode`)
-render the prompt and the reply into ids, marked "rendered". Does not own: which fields each engine
-reads (compat/engines.py), reading ids out of a response (the dialects), storing them or checking a
-session's continuity (records/token_store.py, records/continuity.py).
+the fallback: the served model's template (as the budget renders it: `TokenCounter.render`) and its
+tokenizer turn the prompt and the reply into ids, marked "rendered" (`IdRenderer`). Does not own:
+which fields each engine reads (compat/engines.py), reading ids out of a response (the dialects),
+storing them or checking a session's continuity (records/token_store.py, records/continuity.py).
 
 The client gets the answer it would have got: the fields modeltap asks for come back in the body
 (vLLM's `prompt_token_ids`, a trailing `sglext` chunk), and modeltap forwards them untouched rather
 than re-serialise every chunk; they are harmless to the openai SDK, opencode and Claude Code
 (docs/token-ids.md §2 says why, with the measured cost of both choices).
 
-    recorder = TokenIdRecorder(config, counter)
+    recorder = TokenIdRecorder(config, IdRenderer(counter))
     ask = await recorder.ask(dialect, body, upstream, headers)   # TokenAsk(fields=..., headers=...) | None
     payload = with_fields(payload, body, ask.fields)
 """
@@ -34,6 +34,8 @@ from modeltap.proxy.upstream import Upstream
 from modeltap.records.continuity import common_prefix
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from modeltap.proxy.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -48,20 +50,54 @@ REPROBE_AFTER_S = 60.0
 _LEADING = b" \t\r\n\xef\xbb\xbf"
 
 
+class IdRenderer:
+    """Prompt and reply ids made by the served model's template and tokenizer, where the server
+    returns none. The template is the budget's counter's; the encoder is the tokenizer folder's own
+    `tokenizers` model with its vocabulary (Qwen2.5's takes ~80 MB), loaded once, here, because the
+    counter keeps only counts. Build it off the event loop; its methods block."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        from modeltap.proxy.chat_template import TokenizerFiles
+
+        self._counter = counter
+        self._tokenizer: Tokenizer = TokenizerFiles.load(counter.tokenizer.folder).tokenizer
+
+    def ids(self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None) -> list[int]:
+        """The ids of `body`'s prompt as the server renders and encodes it; with `reply`, of the
+        conversation with the reply appended and no generation prompt (a completions prompt: its text
+        with the reply's `content` appended). Raises CountError for a body it cannot render."""
+        from modeltap.proxy.tokens import CountError
+
+        rendered = self._counter.render(dialect, body, reply)
+        if not isinstance(rendered, str):
+            prompt, text = rendered.prompt, (reply or {}).get("content") or ""
+            if not isinstance(prompt, str) or not isinstance(text, str):
+                raise CountError("only a completions prompt of text is rendered into ids")
+            # Servers encode a completions prompt with the tokenizer's special tokens (BOS).
+            return list(self._tokenizer.encode(prompt + text, add_special_tokens=True).ids)
+        # The template writes BOS itself where the model has one (docs/token-budgets.md §5.2).
+        return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
+
+    def decode_each(self, ids: list[int]) -> list[str]:
+        """Each id's text on its own (special tokens included), for showing where two id sequences
+        part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
+        return [self._tokenizer.decode([token], skip_special_tokens=False) for token in ids]
+
+
 class TokenIdRecorder:
     """The proxy's token-id policy: one per proxy, shared by its handlers."""
 
-    def __init__(self, config: ProxyConfig, counter: TokenCounter | None) -> None:
+    def __init__(self, config: ProxyConfig, renderer: IdRenderer | None) -> None:
         self._choice = chosen(config.engine)
         self._logprobs = config.logprobs
-        self._counter = counter
+        self._renderer = renderer
         self._engines: dict[str, tuple[EngineInfo, float | None]] = {}
         self._probing = asyncio.Lock()
 
     @property
     def renders(self) -> bool:
         """Whether ids the server does not return are rendered (a tokenizer is configured)."""
-        return self._counter is not None
+        return self._renderer is not None
 
     async def engine(self, upstream: Upstream, headers: Mapping[str, str]) -> EngineInfo:
         """The engine behind `upstream`: `--engine` when given, else probed once (docs/engines.md §3)."""
@@ -91,18 +127,18 @@ class TokenIdRecorder:
     async def render(self, dialect: Dialect, request: dict[str, Any], response: Any) -> TokenIds | None:
         """The ids the served tokenizer makes of `request` and its reply (`response`: a body, or the
         bytes of one), off the event loop; None without a tokenizer or for a reply it cannot render."""
-        counter = self._counter
-        if counter is None:
+        renderer = self._renderer
+        if renderer is None:
             return None
         try:
-            return await asyncio.to_thread(rendered_ids, counter, dialect, request, response)
+            return await asyncio.to_thread(rendered_ids, renderer, dialect, request, response)
         except Exception:  # the boundary: a body the renderer cannot read costs its ids, never its record
             log.warning("token ids not rendered for a %s exchange", dialect.name, exc_info=True)
             return None
 
 
 def rendered_ids(
-    counter: TokenCounter, dialect: Dialect, request: dict[str, Any], response: Any
+    renderer: IdRenderer, dialect: Dialect, request: dict[str, Any], response: Any
 ) -> TokenIds | None:
     """The prompt as the template renders it (with the generation prompt), and the completion as what
     the template adds for the reply after it. Blocking."""
@@ -118,8 +154,8 @@ def rendered_ids(
     conversation = dialect.conversation(request, response)
     reply = conversation.messages[-1] if conversation is not None else {"content": dialect.read(response)[1]}
     try:
-        prompt = counter.encode(dialect, request)
-        full = counter.encode(dialect, request, reply)
+        prompt = renderer.ids(dialect, request)
+        full = renderer.ids(dialect, request, reply)
     except CountError as exc:
         log.debug("no rendered token ids: %s", exc)
         return None

@@ -1,81 +1,79 @@
 """Exact prompt counting: how many tokens the served model sees for a request body.
 
-Owns: rendering a request's prompt (as its dialect extracts it) with the tokenizer's own chat
-template, after the backend's normalisation (compat/prompts.py), and counting its tokens fast and
-exactly. Does not own: what a format's prompt is (modeltap.dialects), the limits or what to do when a
-prompt does not fit (budget.py), nor running the count off the event loop (budget.py calls `count`
-through `asyncio.to_thread`).
+Owns: the counter a budget asks (TokenCounter): turning a request into the prompt the backend renders,
+choosing between extending a counted conversation and a full render, and the sampled full
+verification that switches the fast paths off. Does not own: what a format's prompt is
+(modeltap.dialects), the backend's normalisation (compat/prompts.py), what is loaded from a tokenizer
+folder and shared per process (loaded_tokenizer.py), rendering (chat_template.py), the windows
+(append_stability.py), the pieces (segments.py), the cached conversations (conversations.py), the
+limits (budget.py), nor running off the event loop (budget.py calls `count` through
+`asyncio.to_thread`). No transformers: it is the tests' oracle only.
 
 How a count is made (docs/token-budgets.md §5):
-1. the prompt is normalised the way the backend does it (compat/prompts.py) and rendered with
-   `apply_chat_template(..., tokenize=False)`, the render every server does too and most of a
-   cached count's cost;
-2. the text is split at the tokenizer's added tokens (`<|im_start|>`, `<tool_call>`, ...), which every
-   Hugging Face tokenizer matches before anything else, so each piece between them encodes on its
-   own exactly as inside the whole text;
-3. each piece's count comes from an LRU cache, else from the fast encoder: a tiktoken Encoding built
-   from the byte-level BPE vocabulary when its ids equal the Hugging Face ones, else the HF tokenizer;
-4. the first requests and a sample after are re-counted by a full Hugging Face encode; any mismatch
-   switches the cache and the fast encoder off for good, with a warning.
+1. the prompt is normalised the way the backend does it (compat/prompts.py);
+2. a request that extends a conversation counted before (the same tools and kwargs, its earlier
+   messages unchanged) renders only its new messages, in a window (append_stability.py), and counts
+   only the text they add, from where the last count was cut (segments.py): its cost is what the
+   turn adds, not the history (docs/token-budgets.md §5.4, "prefix reuse with a safe seam");
+3. any other request is rendered in full and counted piece by piece between the added tokens, with a
+   cache of piece counts; it leaves a conversation for the next turn to extend;
+4. pieces are encoded by tiktoken built from the vocabulary where bpe.py proves its ids equal to the
+   `tokenizers` library's, else by that library;
+5. the first requests and one in 128 after are re-counted by a full render and a full encode; a
+   mismatch switches counting by windows (or by pieces, when those disagree) off for good, with a
+   warning.
 """
 
 from __future__ import annotations
 
-import collections
-import json
+import functools
 import logging
-import re
+import os
 import threading
-import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
-
-import jinja2
-import tiktoken
+from typing import Any
 
 from modeltap.compat.prompts import normalise_message
 from modeltap.dialects.base import Dialect, TextPrompt
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+from modeltap.proxy.append_stability import (
+    HEAD_MAX,
+    RENDER_ERRORS,
+    Windows,
+    context,
+    generation_prompt,
+    head_length,
+    render_delta,
+    shape,
+)
+from modeltap.proxy.chat_template import APPLY_CHAT_TEMPLATE_PARAMETERS
+from modeltap.proxy.conversations import Conversation, ConversationCache
+from modeltap.proxy.loaded_tokenizer import SEGMENT_CACHE_MAX_CHARS, SHARED, LoadedTokenizer, resolve
 
 log = logging.getLogger(__name__)
 
-# A full encode costs about 2 µs per token here (docs/token-budgets.md §5.3): checking the first requests
-# catches a tokenizer the fast path cannot reproduce before it decides anything that matters, and one
-# request in 128 after keeps checking at well under 1% of the cost of counting without the cache.
+# A full render and encode costs milliseconds per 10k tokens (docs/token-budgets.md §5.3): checking
+# the first requests catches a template or tokenizer the fast paths cannot reproduce before it decides
+# anything that matters, and one request in 128 after keeps checking at under 1% of the cost of
+# counting every request in full. A check costs what the whole prompt does, so above 16k tokens the
+# interval stretches with the prompt (one in 512 at 64k): the checks' share of a turn's cost stays the
+# same however long the history grows.
 VERIFY_FIRST_REQUESTS = 16
 VERIFY_EVERY_REQUESTS = 128
+VERIFY_SCALE_TOKENS = 16_384
 
-# The segment cache keeps each piece's text as its key. 32M characters is about 32 MB of ASCII:
-# 64 parallel agent sessions of 100k tokens (about 4 characters a token) fit, and it stays bounded.
-SEGMENT_CACHE_MAX_CHARS = 32_000_000
+# Conversations kept for their next turn, by rendered characters (each keeps its request's messages
+# alive, about as large): 64 parallel agent sessions of 30k tokens, at ~4 characters a token.
+CONVERSATIONS_MAX_CHARS = 8_000_000
 
-# Template kwargs a request may not set: they would change how the prompt is tokenized, not what the
-# template renders.
-_RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "conversation",
-        "tools",
-        "documents",
-        "chat_template",
-        "add_generation_prompt",
-        "tokenize",
-        "return_dict",
-    }
-)
+# Template kwargs a request may not set: apply_chat_template would consume them, not pass them on.
+_RESERVED_TEMPLATE_KWARGS = APPLY_CHAT_TEMPLATE_PARAMETERS | {"tools", "documents", "add_generation_prompt"}
 
-# The regex of the `ByteLevel(use_regex=True)` pre-tokenizer of the `tokenizers` library (GPT-2's).
-_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
-# Text the tiktoken encoder must encode exactly as the HF tokenizer before it is trusted: code,
-# contractions, digits, whitespace runs, CRLF, CJK, emoji, combining marks, full-width forms.
-_PROBE_TEXT = (
-    "def f(x):\n    return x ** 2  # don't; I'LL we've\r\n\tif x>=10_000: print(f'{x!r}')\n\n\n"
-    "  héllo wörld e\u0301 ﬁ 日本語のテキスト、句読点。 한국어 العربية 🤖🚀👩‍💻 ｆｕｌｌ　width\u00a0nbsp "
-    '12345678901234567890 3.14159 -> => !== ... ```json\n{"a": [1, 2, {"b": null}]}\n```\n'
-)
+def check_interval(prompt_tokens: int, every: int = VERIFY_EVERY_REQUESTS) -> float:
+    """After how many requests one of `prompt_tokens` is checked: `every`, stretched above
+    VERIFY_SCALE_TOKENS in proportion to the prompt."""
+    return every * max(1.0, prompt_tokens / VERIFY_SCALE_TOKENS)
 
 
 class CountError(ValueError):
@@ -84,20 +82,24 @@ class CountError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class CounterStats:
-    """What the counter has done so far, for `serve`'s status line and the tests.
+    """What the counter has done so far, for `serve`'s status line, the benchmarks and the tests.
 
-    `encoder` is "tiktoken" or "huggingface" (the encoder behind the segment cache) and `fast_path`
-    says whether the segment cache is on; both turn off for good after a mismatch.
+    `encoder` is "tiktoken" or "tokenizers"; `fast_path` says whether pieces are counted apart (with
+    their cache) and `incremental` whether conversations are extended by windows: both turn off for
+    good after a mismatch. `extended` counts the requests counted from a cached conversation.
     """
 
     requests: int
+    extended: int
     cache_hits: int
     cache_misses: int
     verifications: int
     mismatches: int
     encoder: str
     fast_path: bool
+    incremental: bool
     cached_chars: int
+    conversations: int
 
 
 class TokenCounter:
@@ -112,16 +114,16 @@ class TokenCounter:
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: LoadedTokenizer,
         chat_template_kwargs: dict[str, Any] | None = None,
         *,
         request_template_kwargs: bool = True,
         openai_typed_chat: bool = False,
         verify_first: int = VERIFY_FIRST_REQUESTS,
         verify_every: int = VERIFY_EVERY_REQUESTS,
-        cache_max_chars: int = SEGMENT_CACHE_MAX_CHARS,
+        conversations_max_chars: int = CONVERSATIONS_MAX_CHARS,
     ) -> None:
-        """Use `load` unless the tokenizer is already in memory.
+        """Use `load` unless the tokenizer is already loaded.
 
         `request_template_kwargs=False` ignores a request's own `chat_template_kwargs`: AReaL drops
         that field (docs/areal.md §1.1.6), so against AReaL only the configured kwargs
@@ -130,358 +132,322 @@ class TokenCounter:
         not declare (such as `reasoning_content`) dropped, and tool definitions in the types' key
         order, which the template's `tojson` shows. Against AReaL, set both.
 
-        `verify_first` and `verify_every` (0: never) set which counts are checked by a full encode;
-        `cache_max_chars` bounds the segment cache.
+        `verify_first` and `verify_every` (0: never) set which counts are checked by a full render
+        and encode: the first ones, then one in `verify_every` (`check_interval`);
+        `conversations_max_chars` bounds the conversations kept for their next turn.
         """
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise ValueError("modeltap needs a fast tokenizer (a folder with tokenizer.json)")
-        if not tokenizer.chat_template:
-            raise ValueError("the tokenizer has no chat template; give a tokenizer folder that ships one")
         self._tokenizer = tokenizer
-        self._backend = backend
         self._template_kwargs = dict(chat_template_kwargs or {})
         self._request_template_kwargs = request_template_kwargs
         self._openai_typed_chat = openai_typed_chat
-        self._string_content = _template_wants_string_content(tokenizer.chat_template)
-        spec = json.loads(backend.to_str())
-        added = sorted((t.content for t in tokenizer.added_tokens_decoder.values()), key=len, reverse=True)
-        # A capturing group makes `split` return the added tokens too: odd indexes are added tokens.
-        self._added_split = re.compile("(" + "|".join(map(re.escape, added)) + ")").split if added else None
-        self._post_tokens = backend.num_special_tokens_to_add(False)
-        self._fast_path = _segments_are_exact(spec, tokenizer)
-        fast_encoder = _tiktoken_encoder(spec, backend) if self._fast_path else None
-        self._encoder = "tiktoken" if fast_encoder is not None else "huggingface"
-        self._encode_piece = fast_encoder or self._hf_piece
         self._verify_first, self._verify_every = verify_first, verify_every
-        self._cache: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._cache_max_chars = cache_max_chars
-        self._cached_chars = 0
+        self._conversations = ConversationCache(conversations_max_chars)
+        self._fast_path = tokenizer.segments is not None
+        self._incremental = tokenizer.segments is not None and tokenizer.segments.splits
         self._lock = threading.Lock()
-        self._requests = self._hits = self._misses = self._verifications = self._mismatches = 0
+        self._requests = self._extended = self._verifications = self._mismatches = 0
+        self._unchecked = 0  # requests since the last check
 
     @classmethod
     def load(
         cls,
-        path_or_name: str,
+        path_or_name: str | os.PathLike[str],
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        cache_max_chars: int = SEGMENT_CACHE_MAX_CHARS,
         **options: Any,
     ) -> TokenCounter:
-        """Load a local Hugging Face tokenizer folder, or a name already in the local HF cache.
+        """A counter on a local tokenizer folder, or a model name already in the local Hugging Face
+        cache, loaded once per process (SHARED). Never downloads. Raises ValueError naming the fix
+        when there is no usable tokenizer there. `cache_max_chars` bounds the shared piece cache;
+        `options` are the constructor's keyword arguments."""
+        tokenizer = SHARED.get(resolve(path_or_name), cache_max_chars)
+        counter = cls(tokenizer, chat_template_kwargs, **options)
+        if counter._incremental:
+            # The configured kwargs' proofs run at load, not on the first requests.
+            for tools in (None, [{"type": "function"}]):
+                tokenizer.stability.windows(counter._kwargs({}), tools)
+        return counter
 
-        Never downloads. Raises ValueError naming the fix when there is no usable tokenizer there.
-        `options` are the constructor's keyword arguments.
-        """
-        # transformers takes seconds to import: only a process that loads a tokenizer pays for it,
-        # and budget decisions (budget.py) import this module without it.
-        from transformers import AutoTokenizer
-
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path_or_name, local_files_only=True)
-        except OSError as exc:
-            raise ValueError(
-                f"no tokenizer at {path_or_name!r}: give a local folder with tokenizer.json and "
-                "tokenizer_config.json, or a name already in the local Hugging Face cache "
-                f"(modeltap never downloads one): {exc}"
-            ) from exc
-        return cls(tokenizer, chat_template_kwargs, **options)
+    @property
+    def tokenizer(self) -> LoadedTokenizer:
+        """The loaded tokenizer this counter counts with (shared with the process's other counters)."""
+        return self._tokenizer
 
     @property
     def stats(self) -> CounterStats:
         """A snapshot of the counters."""
+        segments = self._tokenizer.segments
         with self._lock:
             return CounterStats(
                 requests=self._requests,
-                cache_hits=self._hits,
-                cache_misses=self._misses,
+                extended=self._extended,
+                cache_hits=segments.hits if segments else 0,
+                cache_misses=segments.misses if segments else 0,
                 verifications=self._verifications,
                 mismatches=self._mismatches,
-                encoder=self._encoder,
+                encoder=self._tokenizer.encoder,
                 fast_path=self._fast_path,
-                cached_chars=self._cached_chars,
+                incremental=self._incremental,
+                cached_chars=segments.cached_chars if segments else 0,
+                conversations=len(self._conversations),
             )
 
     def count(self, dialect: Dialect, body: dict[str, Any]) -> int:
         """Prompt tokens of `body`, a request of `dialect`, as the served model counts them.
 
-        Blocking (milliseconds on a cache hit, a full encode on a verification): call it off the
-        event loop. Raises CountError when the body cannot be rendered.
+        Blocking (well under a millisecond for a turn of a known conversation, a full render and
+        encode for a new one or a verification): call it off the event loop. Raises CountError when
+        the body cannot be rendered.
         """
-        rendered = self._render(dialect, body)
-        if isinstance(rendered, TextPrompt):
-            return self._count_completion_prompt(rendered.prompt)
-        # The template writes BOS itself where the model has one, so the rendered text is encoded
-        # without special tokens (docs/token-budgets.md §5.1 step 3, §5.2 "Double BOS").
-        return self._count_text(rendered, add_special_tokens=False)
+        try:
+            prompt = dialect.prompt(body, openai_typed=self._openai_typed_chat)
+            if isinstance(prompt, TextPrompt):
+                return self._count_completion_prompt(prompt.prompt)
+            request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
+            return self._count_chat(list(prompt.messages), prompt.tools, self._kwargs(request_kwargs))
+        except RENDER_ERRORS as exc:
+            if isinstance(exc, CountError):
+                raise
+            raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
 
-    def encode(
-        self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None
-    ) -> list[int]:
-        """The ids the served model's template and tokenizer make of `body`'s prompt: `serve
-        --token-ids` records them where the server returns none. With `reply` (the answer as an
-        OpenAI chat assistant message), the conversation with the reply appended and no generation
-        prompt; a completions prompt (text) gets the reply's `content` appended. Always a full encode
-        (the segment cache keeps counts, not ids). Blocking; raises CountError as `count` does."""
-        rendered = self._render(dialect, body, reply)
-        if not isinstance(rendered, TextPrompt):
-            return list(self._backend.encode(rendered, add_special_tokens=False).ids)
-        prompt, text = rendered.prompt, (reply or {}).get("content") or ""
-        if not isinstance(prompt, str) or not isinstance(text, str):
-            raise CountError("only a completions prompt of text is rendered into ids")
-        return list(self._backend.encode(prompt + text, add_special_tokens=True).ids)
-
-    def decode_each(self, ids: list[int]) -> list[str]:
-        """Each id's text on its own (special tokens included), for showing where two id sequences
-        part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
-        return [self._backend.decode([token], skip_special_tokens=False) for token in ids]
-
-    def _render(
-        self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None
+    def render(
+        self, dialect: Dialect, body: dict[str, Any], reply: Mapping[str, Any] | None = None
     ) -> str | TextPrompt:
-        """The chat template's text for `body` (with `reply` appended and no generation prompt, when
-        given), or the completions prompt, which no template renders."""
+        """The text the served model's template makes of `body`'s prompt, rendered in full as a check
+        renders it; with `reply` (the answer as an OpenAI chat assistant message), the conversation
+        with the reply appended and no generation prompt. A completions prompt comes back as it is: no
+        template renders it. For `serve --token-ids` where the server returns no ids
+        (proxy/token_recorder.py encodes the text). Blocking; raises CountError as `count` does."""
         try:
             prompt = dialect.prompt(body, openai_typed=self._openai_typed_chat)
             if isinstance(prompt, TextPrompt):
                 return prompt
-            conversation = [*prompt.messages, reply] if reply is not None else prompt.messages
-            messages = [normalise_message(m, self._string_content) for m in conversation]
             request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
-            kwargs = {**self._template_kwargs, **request_kwargs}
-            kwargs = {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
-            text = self._tokenizer.apply_chat_template(
-                messages, tools=prompt.tools, add_generation_prompt=reply is None, tokenize=False, **kwargs
+            messages = [*prompt.messages, reply] if reply is not None else list(prompt.messages)
+            normalise = self._normaliser(prompt.tools)
+            return self._tokenizer.template.render(
+                [normalise(message) for message in messages],
+                tools=prompt.tools,
+                add_generation_prompt=reply is None,
+                **self._kwargs(request_kwargs),
             )
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
-            # RecursionError: a body nested deeper than the template can walk passes uncounted.
+        except RENDER_ERRORS as exc:
             if isinstance(exc, CountError):
                 raise
             raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
-        # One conversation with tokenize=False renders one str: transformers types the result as every
-        # mode's union.
-        return cast(str, text)
+
+    # --- chat ---------------------------------------------------------------------------------------
+
+    def _kwargs(self, request_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The template kwargs of a request: the configured ones, then the request's own."""
+        kwargs = {**self._template_kwargs, **request_kwargs}
+        return {k: v for k, v in kwargs.items() if k not in _RESERVED_TEMPLATE_KWARGS}
+
+    def _count_chat(
+        self, messages: list[Any], tools: Sequence[Mapping[str, Any]] | None, kwargs: dict[str, Any]
+    ) -> int:
+        normalise = self._normaliser(tools)
+        answer: int | None = None
+        text = None
+        windows = self._windows(kwargs, tools)
+        if windows is not None:
+            base = self._conversations.find(messages, tools, kwargs)
+            if base is not None:
+                answer = self._extend(base, messages, tools, kwargs, windows, normalise)
+        if answer is None:
+            normalised = [normalise(message) for message in messages]
+            text = self._tokenizer.template.render(normalised, tools=tools, **kwargs)
+            answer = self._count_rendered(text, messages, normalised, tools, kwargs, windows)
+        if self._to_check(answer):
+            return self._verified(answer, text, messages, tools, kwargs, normalise)
+        return answer
+
+    def _windows(self, kwargs: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> Windows | None:
+        """How this request's conversation is counted by windows (append_stability.py), or None: not."""
+        if not self._incremental:
+            return None
+        return self._tokenizer.stability.windows(kwargs, tools)
+
+    def _extend(
+        self,
+        base: Conversation,
+        messages: list[Any],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: dict[str, Any],
+        windows: Windows,
+        normalise: Callable[[Any], dict[str, Any]],
+    ) -> int | None:
+        """The count of `messages`, which extend `base`, from the new messages alone; None where the
+        template rewrites something (then the caller renders in full)."""
+        known = len(base.messages)
+        if known == len(messages):
+            self._count_extended()
+            return base.prompt_tokens
+        normalised = {i: normalise(messages[i]) for i in range(min(known, HEAD_MAX))}
+        head = head_length(list(normalised.values()))
+        for index in context(known, head, base.rewritable):
+            if index not in normalised:
+                normalised[index] = normalise(messages[index])
+        window = [normalised[index] for index in context(known, head, base.rewritable)]
+        new = [normalise(message) for message in messages[known:]]
+        added = render_delta(self._tokenizer.template, window, new, tools, kwargs, windows.prompt)
+        segments = self._tokenizer.segments
+        if added is None or segments is None:
+            return None
+        history = base.tail + added.text
+        total, cut, before = segments.count_resumable(history + added.prompt, len(history))
+        answer = base.counted + total
+        kept = windows.rewritten
+        rewritable = (*base.rewritable, *(known + i for i, m in enumerate(new) if shape(m) in kept))
+        extended = Conversation(
+            messages=messages,
+            tools=tools,
+            kwargs=kwargs,
+            counted=base.counted + before,
+            tail=history[cut:],
+            prompt_tokens=answer,
+            rewritable=rewritable,
+            chars=base.chars + len(added.text),
+        )
+        self._conversations.store(extended, replacing=base)
+        self._count_extended()
+        return answer
+
+    def _count_rendered(
+        self,
+        text: str,
+        messages: list[Any],
+        normalised: list[dict[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: dict[str, Any],
+        windows: Windows | None,
+    ) -> int:
+        """The count of a full render, leaving a conversation for the next turn where windows apply."""
+        segments = self._tokenizer.segments
+        if segments is None or not self._fast_path:
+            return self._tokenizer.reference_count(text)
+        if windows is None:
+            return segments.count(text)
+        head = head_length(normalised)
+        rewritable = tuple(
+            i for i in range(head, len(normalised)) if shape(normalised[i]) in windows.rewritten
+        )
+        window = [normalised[i] for i in context(len(normalised), head, rewritable)]
+        prompt = windows.prompt
+        if prompt is None:
+            prompt = generation_prompt(self._tokenizer.template, window, tools, kwargs)
+        if prompt is None or not text.endswith(prompt):
+            return segments.count(text)
+        stable = len(text) - len(prompt)
+        total, cut, before = segments.count_resumable(text, stable)
+        counted = Conversation(
+            messages=messages,
+            tools=tools,
+            kwargs=kwargs,
+            counted=before,
+            tail=text[cut:stable],
+            prompt_tokens=total,
+            rewritable=rewritable,
+            chars=stable,
+        )
+        self._conversations.store(counted)
+        return total
+
+    def _normaliser(self, tools: Sequence[Mapping[str, Any]] | None) -> Callable[[Any], dict[str, Any]]:
+        string_content = self._tokenizer.string_content[self._tokenizer.template.name_for(tools)]
+        return functools.partial(normalise_message, string_content=string_content)
+
+    # --- completions --------------------------------------------------------------------------------
 
     def _count_completion_prompt(self, prompt: Any) -> int:
         """Legacy completions: the prompt is text or token ids, or a batch of either; a batch is
         budgeted by its longest prompt."""
         if isinstance(prompt, str):
             # Servers encode a completions prompt with the tokenizer's special tokens (BOS).
-            return self._count_text(prompt, add_special_tokens=True)
+            tokenizer = self._tokenizer
+            segments = tokenizer.segments if self._fast_path else None
+            count = segments.count(prompt) if segments is not None else tokenizer.reference_count(prompt)
+            if self._to_check(count):
+                count = self._checked(count, prompt)
+            return count + tokenizer.special_tokens_added
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return len(prompt)
         if isinstance(prompt, list) and prompt:
             return max(self._count_completion_prompt(p) for p in prompt)
-        raise CountError("a completions request needs a prompt: text, token ids, or a list of either")
+        raise CountError("a completions prompt must be text, token ids, or a list of either")
 
-    def _count_text(self, text: str, add_special_tokens: bool) -> int:
+    # --- verification -------------------------------------------------------------------------------
+
+    def _to_check(self, tokens: int) -> bool:
+        """Count one request of `tokens` prompt tokens; whether to check it by a full render and encode."""
         with self._lock:
             self._requests += 1
-            verify = self._requests <= self._verify_first or (
-                self._verify_every > 0 and self._requests % self._verify_every == 0
+            self._unchecked += 1
+            due = self._requests <= self._verify_first or (
+                self._verify_every > 0 and self._unchecked >= check_interval(tokens, self._verify_every)
             )
-            fast = self._fast_path and self._added_split is not None
-        if not fast:
-            return self._full_count(text, add_special_tokens)
-        pieces = self._added_split(text)  # type: ignore[misc]
-        count = len(pieces) // 2 + (self._post_tokens if add_special_tokens else 0)
-        count += sum(self._piece_count(piece) for piece in pieces[::2] if piece)
-        if verify:
-            return self._verified(text, add_special_tokens, count)
-        return count
+            if due:
+                self._unchecked = 0
+            return due
 
-    def _piece_count(self, piece: str) -> int:
+    def _count_extended(self) -> None:
         with self._lock:
-            cached = self._cache.get(piece)
-            if cached is not None:
-                self._cache.move_to_end(piece)
-                self._hits += 1
-                return cached
-            self._misses += 1
-        count = len(self._encode_piece(piece))
-        if len(piece) > self._cache_max_chars:
-            return count
-        with self._lock:
-            if piece not in self._cache:
-                self._cache[piece] = count
-                self._cached_chars += len(piece)
-            while self._cached_chars > self._cache_max_chars and self._cache:
-                evicted, _ = self._cache.popitem(last=False)
-                self._cached_chars -= len(evicted)
-        return count
+            self._extended += 1
 
-    def _verified(self, text: str, add_special_tokens: bool, count: int) -> int:
-        """The full encode's count; a different fast count turns the fast path off for good."""
-        truth = self._full_count(text, add_special_tokens)
+    def _verified(
+        self,
+        answer: int,
+        text: str | None,
+        messages: list[Any],
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: dict[str, Any],
+        normalise: Callable[[Any], dict[str, Any]],
+    ) -> int:
+        """The full render's and encode's count of a chat prompt, checked against `answer`."""
+        if text is None:
+            try:
+                normalised = [normalise(message) for message in messages]
+                text = self._tokenizer.template.render(normalised, tools=tools, **kwargs)
+            except RENDER_ERRORS:
+                # Counted by windows though transformers could not render it: the windows are wrong.
+                self._switch_off(answer, None, incremental_only=True)
+                raise
+        return self._checked(answer, text)
+
+    def _checked(self, answer: int, text: str) -> int:
+        """The full encode's count of `text`; a different `answer` switches a fast path off for good."""
+        truth = self._tokenizer.reference_count(text)
         with self._lock:
             self._verifications += 1
-            if truth == count or not self._fast_path:
-                return truth
-            self._mismatches += 1
-            self._fast_path = False
-            self._cache.clear()
-            self._cached_chars = 0
-        log.warning(
-            "token count mismatch: the %s segment cache counted %d tokens where a full encode counts %d; "
-            "counting by full encode from now on",
-            self._encoder,
-            count,
-            truth,
-        )
+        if truth == answer:
+            return truth
+        segments = self._tokenizer.segments
+        pieces_agree = segments is not None and self._fast_path and segments.count(text) == truth
+        self._switch_off(answer, truth, incremental_only=pieces_agree)
         return truth
 
-    def _full_count(self, text: str, add_special_tokens: bool) -> int:
-        return len(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
-
-    def _hf_piece(self, piece: str) -> list[int]:
-        return self._backend.encode(piece, add_special_tokens=False).ids  # type: ignore[no-any-return]
-
-
-def _template_wants_string_content(template: str) -> bool:
-    """Whether the template expects string content rather than a list of parts: SGLang's detection
-    (sglang/srt/parser/jinja_template_utils.py), which vLLM's also follows. A template naming media,
-    or looping over `message.content` (or `msg.content`, `m.content`), takes parts."""
-    if any(word in template for word in ("image", "audio", "video", "vision")):
-        return False
-    try:
-        ast = jinja2.Environment().parse(template)
-    except jinja2.TemplateSyntaxError:
-        return True
-    for loop in ast.find_all(jinja2.nodes.For):
-        node: jinja2.nodes.Node | None = loop.iter
-        while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) or (
-            isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
-        ):
-            node = node.node
-        if _is_content_of_message(node):
-            return False
-    return True
-
-
-def _is_content_of_message(node: jinja2.nodes.Node | None) -> bool:
-    if isinstance(node, jinja2.nodes.Getattr):
-        owner, key = node.node, node.attr
-    elif isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
-        owner, key = node.node, node.arg.value
-    else:
-        return False
-    return key == "content" and isinstance(owner, jinja2.nodes.Name) and owner.name in ("message", "msg", "m")
-
-
-def _segments_are_exact(spec: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether counting the pieces between added tokens separately gives the whole text's count.
-
-    Hugging Face tokenizers split at added tokens first and then normalise and pre-tokenize each
-    piece on its own, so this holds unless an added token strips whitespace from its neighbours, is
-    only matched after normalisation, or a step depends on where a piece sits in the whole text
-    (Metaspace's "first" prefix, a Prepend normaliser). The conditions SGLang's segment encoder
-    checks (docs/token-budgets.md §5.4, caveats).
-    """
-    for token in tokenizer.added_tokens_decoder.values():
-        if token.lstrip or token.rstrip or token.single_word:
-            return False
-        if token.normalized and spec.get("normalizer") is not None:
-            return False
-    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
-    return '"Metaspace"' not in text and '"Prepend"' not in text
-
-
-def _tiktoken_encoder(spec: dict[str, Any], backend: Any) -> Callable[[str], list[int]] | None:
-    """A tiktoken encoder giving the same ids as the HF tokenizer, or None where it cannot.
-
-    Only byte-level BPE with one regex pre-tokenizer fits (Qwen2/3, Llama-3, GPT-2 style); the
-    merge order must match the ranks, and the encoder must reproduce the HF ids on a probe text.
-    """
-    model = spec.get("model") or {}
-    if model.get("type") != "BPE" or model.get("dropout") or model.get("byte_fallback"):
-        return None
-    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
-        return None
-    pattern = _byte_level_pattern(spec.get("pre_tokenizer"))
-    if pattern is None or spec.get("normalizer") not in (None, {"type": "NFC"}):
-        return None
-    ranks = _byte_ranks(model["vocab"])
-    if ranks is None or not _merges_follow_ranks(model.get("merges") or [], model["vocab"]):
-        return None
-    try:
-        encoding = tiktoken.Encoding(
-            "modeltap-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
-        )
-    except ValueError:
-        return None
-    encoder: Callable[[str], list[int]] = encoding.encode_ordinary
-    if spec.get("normalizer") is not None:
-        # Qwen's tokenizer.json carries an NFC normaliser, which tiktoken does not apply itself.
-        encoder = _nfc_first(encoding)
-    if encoder(_PROBE_TEXT) != backend.encode(_PROBE_TEXT, add_special_tokens=False).ids:
-        log.info("the tiktoken encoder disagrees with the tokenizer on the probe text; using the tokenizer")
-        return None
-    return encoder
-
-
-def _nfc_first(encoding: tiktoken.Encoding) -> Callable[[str], list[int]]:
-    def encode(piece: str) -> list[int]:
-        if not unicodedata.is_normalized("NFC", piece):
-            piece = unicodedata.normalize("NFC", piece)
-        return encoding.encode_ordinary(piece)
-
-    return encode
-
-
-def _byte_level_pattern(pre_tokenizer: dict[str, Any] | None) -> str | None:
-    """The split regex of a byte-level pre-tokenizer that tiktoken can run, else None."""
-    if not pre_tokenizer:
-        return None
-    steps = pre_tokenizer.get("pretokenizers", [pre_tokenizer])
-    last = steps[-1]
-    if last.get("type") != "ByteLevel" or last.get("add_prefix_space"):
-        return None
-    if len(steps) == 1:
-        return _GPT2_PATTERN if last.get("use_regex", True) else None
-    split = steps[0]
-    if len(steps) != 2 or last.get("use_regex") or split.get("type") != "Split":
-        return None
-    if split.get("behavior") != "Isolated" or split.get("invert") or "Regex" not in split.get("pattern", {}):
-        return None
-    return str(split["pattern"]["Regex"])
-
-
-def _byte_ranks(vocab: dict[str, int]) -> dict[bytes, int] | None:
-    """The vocabulary as tiktoken ranks: token text decoded through GPT-2's byte-to-unicode map."""
-    to_byte = {char: byte for byte, char in _bytes_to_unicode().items()}
-    ranks: dict[bytes, int] = {}
-    for token, rank in vocab.items():
-        if any(char not in to_byte for char in token):
-            return None
-        ranks[bytes(to_byte[char] for char in token)] = rank
-    if len(set(ranks.values())) != len(ranks) or any(bytes([b]) not in ranks for b in range(256)):
-        return None
-    return ranks
-
-
-def _merges_follow_ranks(merges: list[Any], vocab: dict[str, int]) -> bool:
-    """tiktoken merges the pair whose result has the lowest id; HF applies merges in list order."""
-    previous = -1
-    for merge in merges:
-        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
-        rank = vocab.get(left + right)
-        if rank is None or rank <= previous:
-            return False
-        previous = rank
-    return True
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters, used by every byte-level BPE."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, map(chr, chars), strict=True))
+    def _switch_off(self, answer: int, truth: int | None, incremental_only: bool) -> None:
+        with self._lock:
+            self._mismatches += 1
+            was_incremental, was_fast = self._incremental, self._fast_path
+            self._incremental = False
+            if not incremental_only:
+                self._fast_path = False
+        self._conversations.clear()
+        truth_text = "cannot render it" if truth is None else f"counts {truth}"
+        if incremental_only and was_incremental:
+            log.warning(
+                "token count mismatch: counting only the new messages gave %d tokens where a full render "
+                "and encode %s; rendering every request in full from now on",
+                answer,
+                truth_text,
+            )
+        elif was_fast:
+            log.warning(
+                "token count mismatch: the %s segment cache counted %d tokens where a full encode %s; "
+                "counting by full encode from now on",
+                self._tokenizer.encoder,
+                answer,
+                truth_text,
+            )

@@ -35,6 +35,7 @@ from transformers.utils import chat_template_utils
 
 from modeltap.proxy import chat_template
 from modeltap.proxy.chat_template import ChatTemplate, TokenizerFiles
+from tests.factories import qwen_folder
 
 # Hypothesis budgets: enough generated conversations per template to cover tools, tool calls, reasoning,
 # unicode, code and empty turns, few enough that the file runs in under a minute on two shared cores.
@@ -153,31 +154,6 @@ DOCUMENTS_TEMPLATE = "{% for d in documents %}[{{ d.title }}] {{ d.text }}\n{% e
 # --- folders --------------------------------------------------------------------------------------
 
 
-def make_folder(
-    root: Path,
-    qwen_dir: str,
-    config: dict[str, Any] | None = None,
-    *,
-    drop: tuple[str, ...] = (),
-    files: dict[str, str] | None = None,
-) -> Path:
-    """A copy of the Qwen2.5 tokenizer folder (tokenizer.json linked), its config updated by `config`
-    without the keys in `drop`, plus `files` (relative path: text, written byte for byte).
-
-    The Qwen config's `"unk_token": null` stays: with the key missing, Qwen2Tokenizer would pass its
-    code default to templates, which no folder reader can know (the module docstring).
-    """
-    root.mkdir(parents=True)
-    (root / "tokenizer.json").symlink_to(Path(qwen_dir, "tokenizer.json"))
-    saved = json.loads(Path(qwen_dir, "tokenizer_config.json").read_text(encoding="utf-8"))
-    saved = {k: v for k, v in saved.items() if k not in drop} | (config or {})
-    (root / "tokenizer_config.json").write_text(json.dumps(saved), encoding="utf-8")
-    for name, text in (files or {}).items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(text.encode("utf-8"))
-    return root
-
-
 def with_template(template: str | list[dict[str, str]], **config: Any) -> dict[str, Any]:
     return {"chat_template": template, **config}
 
@@ -197,11 +173,11 @@ LLAMA3_SPECIAL_TOKENS = {
 
 FOLDERS: dict[str, Callable[[Path, str], Path]] = {
     "qwen": lambda root, qwen: Path(qwen),
-    "llama3": lambda root, qwen: make_folder(
+    "llama3": lambda root, qwen: qwen_folder(
         root, qwen, with_template(LLAMA3_TEMPLATE, **LLAMA3_SPECIAL_TOKENS)
     ),
-    "tojson": lambda root, qwen: make_folder(root, qwen, with_template(TOJSON_TEMPLATE)),
-    "controls": lambda root, qwen: make_folder(root, qwen, with_template(CONTROLS_TEMPLATE)),
+    "tojson": lambda root, qwen: qwen_folder(root, qwen, with_template(TOJSON_TEMPLATE)),
+    "controls": lambda root, qwen: qwen_folder(root, qwen, with_template(CONTROLS_TEMPLATE)),
 }
 
 
@@ -557,7 +533,7 @@ def test_special_tokens_and_added_tokens_are_transformers(
 
 
 def test_raise_exception_raises_the_same_template_error(qwen_dir: str, tmp_path: Path) -> None:
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, with_template(RAISING_TEMPLATE)))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, with_template(RAISING_TEMPLATE)))
     refused = [{"role": "assistant", "content": "hi"}]
     mine, theirs = both(ours, oracle, refused)
     assert (
@@ -577,7 +553,7 @@ def test_a_list_of_named_templates_picks_tool_use_when_tools_are_passed(
         {"name": "default", "template": CHATML_TEMPLATE},
         {"name": "tool_use", "template": TOOL_USE_TEMPLATE},
     ]
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, with_template(named)))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, with_template(named)))
     assert dict(ours.template.templates) == oracle.chat_template
     messages = [{"role": "user", "content": "hi"}]
     for tools in (None, [], TOOLS):
@@ -595,7 +571,7 @@ def test_named_templates_without_a_default_are_refused_like_transformers(
         {"name": "tool_use", "template": TOOL_USE_TEMPLATE},
         {"name": "rag", "template": DOCUMENTS_TEMPLATE},
     ]
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, with_template(named)))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, with_template(named)))
     messages = [{"role": "user", "content": "hi"}]
     mine, theirs = both(ours, oracle, messages)
     assert (mine[0], mine[1][0], theirs[0], theirs[1][0]) == ("error", "ValueError", "error", "ValueError")
@@ -609,7 +585,7 @@ def test_chat_template_jinja_wins_over_the_config_and_reads_as_text(qwen_dir: st
         "chat_template.jinja": CHATML_TEMPLATE.replace("\n", "\r\n") + "{{ '\\r\\n' }}",
         "additional_chat_templates/tool_use.jinja": TOOL_USE_TEMPLATE,
     }
-    path = make_folder(tmp_path / "t", qwen_dir, with_template(LLAMA3_TEMPLATE), files=files)
+    path = qwen_folder(tmp_path / "t", qwen_dir, with_template(LLAMA3_TEMPLATE), files=files)
     ours, oracle = load_both(path)
     assert dict(ours.template.templates) == oracle.chat_template
     for tools in (None, TOOLS):
@@ -620,7 +596,7 @@ def test_chat_template_jinja_wins_over_the_config_and_reads_as_text(qwen_dir: st
 def test_additional_templates_alone_replace_the_configs(qwen_dir: str, tmp_path: Path) -> None:
     files = {"additional_chat_templates/tool_use.jinja": TOOL_USE_TEMPLATE}
     ours, oracle = load_both(
-        make_folder(tmp_path / "t", qwen_dir, with_template(CHATML_TEMPLATE), files=files)
+        qwen_folder(tmp_path / "t", qwen_dir, with_template(CHATML_TEMPLATE), files=files)
     )
     assert dict(ours.template.templates) == oracle.chat_template == {"tool_use": TOOL_USE_TEMPLATE}
     messages = [{"role": "user", "content": "hi"}]
@@ -631,7 +607,7 @@ def test_additional_templates_alone_replace_the_configs(qwen_dir: str, tmp_path:
 
 def test_a_processors_chat_template_json_is_the_last_resort(qwen_dir: str, tmp_path: Path) -> None:
     files = {"chat_template.json": json.dumps({"chat_template": TOOL_USE_TEMPLATE})}
-    only_json = make_folder(tmp_path / "json", qwen_dir, drop=("chat_template",), files=files)
+    only_json = qwen_folder(tmp_path / "json", qwen_dir, drop=("chat_template",), files=files)
     ours, oracle = load_both(only_json)
     # AutoTokenizer never reads chat_template.json (AutoProcessor does): the render must equal
     # transformers' with that template passed explicitly.
@@ -641,12 +617,12 @@ def test_a_processors_chat_template_json_is_the_last_resort(qwen_dir: str, tmp_p
     assert mine == oracle.apply_chat_template(
         AGENT_TURNS, tools=TOOLS, chat_template=TOOL_USE_TEMPLATE, add_generation_prompt=True, tokenize=False
     )
-    both_files = make_folder(tmp_path / "both", qwen_dir, with_template(CHATML_TEMPLATE), files=files)
+    both_files = qwen_folder(tmp_path / "both", qwen_dir, with_template(CHATML_TEMPLATE), files=files)
     assert TokenizerFiles.load(both_files).template.source() == CHATML_TEMPLATE
 
 
 def test_documents_reach_the_template(qwen_dir: str, tmp_path: Path) -> None:
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, with_template(DOCUMENTS_TEMPLATE)))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, with_template(DOCUMENTS_TEMPLATE)))
     documents = [{"title": "Guide", "text": "Use 🤖 carefully"}, {"title": "FAQ", "text": "", "extra": None}]
     messages = [{"role": "user", "content": "hi"}]
     mine = ours.template.render(messages, documents=documents)
@@ -660,7 +636,7 @@ def test_legacy_special_tokens_map_overrides_the_config(qwen_dir: str, tmp_path:
     # A config saved before added_tokens_decoder existed: special_tokens_map.json overrides it.
     legacy = {"bos_token": {"content": "<|im_start|>", "lstrip": False, "rstrip": False, "normalized": False}}
     files = {"special_tokens_map.json": json.dumps(legacy)}
-    path = make_folder(
+    path = qwen_folder(
         tmp_path / "legacy",
         qwen_dir,
         with_template(LLAMA3_TEMPLATE),
@@ -688,15 +664,70 @@ def test_tokens_the_config_declares_are_added_as_transformers_adds_them(
         "image_token": "<my_image>",
         "additional_special_tokens": ["<|im_start|>", "<|extra_new|>"],
     }
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, config))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, config))
     assert dict(ours.template.special_tokens) == oracle.special_tokens_map
     assert dict(ours.added_tokens) == oracle.added_tokens_decoder
     assert {"<|my_eos|>", "<|extra_new|>", "<my_image>"} <= {t.content for t in ours.added_tokens.values()}
     assert_same_ids(ours, oracle, "a<|my_eos|>b <|extra_new|>  <think>x</think> <my_image><|im_start|>user")
 
 
+def _pipeline_facts(files: TokenizerFiles) -> tuple[Any, ...]:
+    """What a folder says besides its vocabulary: templates, special tokens, the added tokens' contents
+    and flags (their ids depend on the vocabulary's size), the post-processor, special-token splitting."""
+    tokenizer = files.tokenizer
+    added = sorted(
+        (t.content, t.special, t.lstrip, t.rstrip, t.single_word, t.normalized)
+        for t in files.added_tokens.values()
+    )
+    return (
+        dict(files.template.templates),
+        dict(files.template.special_tokens),
+        added,
+        tokenizer.num_special_tokens_to_add(False),
+        tokenizer.num_special_tokens_to_add(True),
+        tokenizer.encode_special_tokens,
+        tokenizer.padding,
+    )
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"split_special_tokens": True},
+        {
+            "eos_token": "<|my_eos|>",
+            "image_token": "<my_image>",
+            "additional_special_tokens": ["<|extra_new|>"],
+        },
+    ],
+)
+def test_a_folder_loaded_without_its_vocabulary_says_the_same_about_everything_else(
+    qwen_dir: str, tmp_path: Path, config: dict[str, Any]
+) -> None:
+    folder = qwen_folder(tmp_path / "t", qwen_dir, config)
+    light, full = TokenizerFiles.load(folder, vocabulary=False), TokenizerFiles.load(folder)
+    assert _pipeline_facts(light) == _pipeline_facts(full)
+    assert light.tokenizer.get_vocab_size(with_added_tokens=False) == 0
+
+
+def test_render_prefixes_renders_each_prefix_as_render_does(qwen_dir: str) -> None:
+    template = TokenizerFiles.load(qwen_dir, vocabulary=False).template
+    cuts = [(1, False), (3, True), (len(AGENT_TURNS), False), (len(AGENT_TURNS), True)]
+    expected = [
+        template.render(
+            AGENT_TURNS[:length], tools=TOOLS, add_generation_prompt=prompt, enable_thinking=False
+        )
+        for length, prompt in cuts
+    ]
+    assert template.render_prefixes(AGENT_TURNS, cuts, tools=TOOLS, enable_thinking=False) == expected
+    with pytest.raises(ValueError, match="empty conversation"):
+        template.render_prefixes(AGENT_TURNS, [(0, True)])
+    assert template.name_for(None) == template.name_for(TOOLS) == "default"
+
+
 def test_split_special_tokens_encodes_them_as_text(qwen_dir: str, tmp_path: Path) -> None:
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, {"split_special_tokens": True}))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, {"split_special_tokens": True}))
     text = "<|im_start|>user\nhi<|im_end|>\n<think>"
     assert_same_ids(ours, oracle, text)
     assert len(ours.tokenizer.encode(text, add_special_tokens=False).ids) > 6
@@ -736,7 +767,7 @@ class PydanticMessage(pydantic.BaseModel):
 def test_rich_objects_reach_the_template_as_plain_data_like_transformers(
     qwen_dir: str, tmp_path: Path
 ) -> None:
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, with_template(TOJSON_TEMPLATE)))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, with_template(TOJSON_TEMPLATE)))
     extra = {
         "numpy": [numpy.int64(3), numpy.bool_(False), numpy.float32(1.5), numpy.str_("s")],
         "enum": Colour.RED,
@@ -762,7 +793,7 @@ def test_a_folder_without_tokenizer_json_names_it(tmp_path: Path) -> None:
 
 
 def test_a_folder_without_a_template_names_every_place_it_looked(qwen_dir: str, tmp_path: Path) -> None:
-    path = make_folder(tmp_path / "t", qwen_dir, drop=("chat_template",))
+    path = qwen_folder(tmp_path / "t", qwen_dir, drop=("chat_template",))
     with pytest.raises(ValueError) as raised:
         TokenizerFiles.load(path)
     for name in (
@@ -787,7 +818,7 @@ def test_a_folder_without_a_template_names_every_place_it_looked(qwen_dir: str, 
 def test_a_malformed_folder_is_a_value_error(
     qwen_dir: str, tmp_path: Path, config: dict[str, Any], files: dict[str, str], message: str
 ) -> None:
-    path = make_folder(tmp_path / "t", qwen_dir, config)
+    path = qwen_folder(tmp_path / "t", qwen_dir, config)
     for name, text in files.items():
         (path / name).write_text(text)
     with pytest.raises(ValueError, match=message):
@@ -828,7 +859,7 @@ def test_kwargs_apply_chat_template_consumes_are_refused(
 
 def test_namespace_refuses_underscore_names_like_transformers(qwen_dir: str, tmp_path: Path) -> None:
     escape = "{% set ns = namespace(_x=1) %}{{ ns }}"
-    ours, oracle = load_both(make_folder(tmp_path / "t", qwen_dir, with_template(escape)))
+    ours, oracle = load_both(qwen_folder(tmp_path / "t", qwen_dir, with_template(escape)))
     mine, theirs = both(ours, oracle, [{"role": "user", "content": "hi"}])
     assert mine == theirs and mine[1][0] == "SecurityError"
 

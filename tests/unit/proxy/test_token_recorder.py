@@ -7,7 +7,7 @@ import json
 import pytest
 
 from modeltap import dialects
-from modeltap.proxy.token_recorder import rendered_ids, with_fields
+from modeltap.proxy.token_recorder import IdRenderer, rendered_ids, with_fields
 from modeltap.proxy.tokens import TokenCounter
 from tests.factories import ASK, BASH_TOOL, assistant, chat_completion, tool_call, usage
 
@@ -36,27 +36,27 @@ def test_nothing_to_add_forwards_the_same_bytes_and_an_empty_object_is_written_w
 
 
 @pytest.fixture(scope="module")
-def counter(qwen_dir: str) -> TokenCounter:
-    return TokenCounter.load(qwen_dir)
+def renderer(qwen_dir: str) -> IdRenderer:
+    return IdRenderer(TokenCounter.load(qwen_dir))
 
 
-def test_rendered_ids_are_the_prompt_and_what_the_template_adds_for_the_reply(counter: TokenCounter) -> None:
+def test_rendered_ids_are_the_prompt_and_what_the_template_adds_for_the_reply(renderer: IdRenderer) -> None:
     chat = dialects.named("chat")
     body = {"model": "m", "messages": [ASK], "tools": [BASH_TOOL]}
     reply = assistant(None, tool_call("c1", "bash", '{"command": "echo $((6 * 7))"}'))
     ids = rendered_ids(
-        counter, chat, body, json.dumps(chat_completion(reply, "tool_calls", usage=usage(1, 1))).encode()
+        renderer, chat, body, json.dumps(chat_completion(reply, "tool_calls", usage=usage(1, 1))).encode()
     )
     assert ids is not None and ids.source == "rendered"
-    assert ids.prompt == counter.encode(chat, body)
-    assert ids.prompt + ids.completion == counter.encode(
+    assert ids.prompt == renderer.ids(chat, body)
+    assert ids.prompt + ids.completion == renderer.ids(
         chat, body, {k: v for k, v in reply.items() if v is not None}
     )
-    text = "".join(counter.decode_each(ids.completion))
+    text = "".join(renderer.decode_each(ids.completion))
     assert "<tool_call>" in text and "echo $((6 * 7))" in text and text.rstrip().endswith("<|im_end|>")
 
 
-def test_a_reply_that_is_not_json_renders_nothing(counter: TokenCounter) -> None:
+def test_a_reply_that_is_not_json_renders_nothing(renderer: IdRenderer) -> None:
     chat = dialects.named("chat")
-    assert rendered_ids(counter, chat, {"model": "m", "messages": [ASK]}, b"<html>") is None
-    assert rendered_ids(counter, chat, {"model": "m", "messages": "not a list"}, {"choices": []}) is None
+    assert rendered_ids(renderer, chat, {"model": "m", "messages": [ASK]}, b"<html>") is None
+    assert rendered_ids(renderer, chat, {"model": "m", "messages": "not a list"}, {"choices": []}) is None
