@@ -7,7 +7,8 @@ import json
 import pytest
 
 from modeltap import dialects
-from modeltap.proxy.token_recorder import IdRenderer, rendered_ids, with_fields
+from modeltap.proxy.config import ProxyConfig
+from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder, rendered_ids, with_fields
 from modeltap.proxy.tokens import TokenCounter
 from tests.factories import ASK, BASH_TOOL, assistant, chat_completion, tool_call, usage
 
@@ -60,3 +61,30 @@ def test_a_reply_that_is_not_json_renders_nothing(renderer: IdRenderer) -> None:
     chat = dialects.named("chat")
     assert rendered_ids(renderer, chat, {"model": "m", "messages": [ASK]}, b"<html>") is None
     assert rendered_ids(renderer, chat, {"model": "m", "messages": "not a list"}, {"choices": []}) is None
+
+
+def test_a_completions_prompt_of_text_renders_as_the_server_encodes_it(renderer: IdRenderer) -> None:
+    completions = dialects.named("completions")
+    reply = {"choices": [{"index": 0, "text": " world", "finish_reason": "stop"}]}
+    ids = rendered_ids(renderer, completions, {"model": "m", "prompt": "Hello"}, reply)
+    assert ids is not None and "".join(renderer.decode_each(ids.prompt + ids.completion)).endswith(
+        "Hello world"
+    )
+    # A prompt of token ids has no text to render: no ids.
+    assert rendered_ids(renderer, completions, {"model": "m", "prompt": [1, 2]}, reply) is None
+
+
+async def test_the_recorder_renders_only_with_a_tokenizer_and_a_failing_render_costs_only_the_ids(
+    renderer: IdRenderer, caplog: pytest.LogCaptureFixture
+) -> None:
+    chat = dialects.named("chat")
+    body, reply = {"model": "m", "messages": [ASK]}, chat_completion(assistant("42"), usage=usage(1, 1))
+    assert await TokenIdRecorder(ProxyConfig(), None).render(chat, body, reply) is None
+    assert (await TokenIdRecorder(ProxyConfig(), renderer).render(chat, body, reply)) is not None
+
+    class Broken:
+        def ids(self, *args: object) -> list[int]:
+            raise RuntimeError("boom")
+
+    assert await TokenIdRecorder(ProxyConfig(), Broken()).render(chat, body, reply) is None  # type: ignore[arg-type]
+    assert "token ids not rendered for a chat exchange" in caplog.text
