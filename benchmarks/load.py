@@ -32,10 +32,12 @@ PROBE_INTERVAL_S = 0.5
 
 @dataclass(frozen=True)
 class Target:
-    """Where a configuration answers chat completions, and the headers it wants."""
+    """Where a configuration answers chat completions (or another format's endpoint), the headers it
+    wants, and what a complete stream from it contains."""
 
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
+    stream_end: bytes = STREAM_END
 
 
 @dataclass
@@ -123,7 +125,7 @@ async def _one(client: ClientSession, target: Target, body: bytes, stream: bool)
         ttfb = time.perf_counter() - started
         whole = first + await response.content.read()
         total = time.perf_counter() - started
-        complete = CONTENT_MARKER.encode() in whole and (not stream or STREAM_END in whole)
+        complete = CONTENT_MARKER.encode() in whole and (not stream or target.stream_end in whole)
         if response.status != 200 or not complete:
             raise AnswerError(f"{response.status}: {whole[:ERROR_SNIPPET_CHARS]!r}")
     return total, ttfb

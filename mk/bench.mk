@@ -12,13 +12,14 @@ BENCH_PYTHON_agl ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/pytho
 BENCH_PEERS := mitmproxy litellm
 BENCH_ARGS ?=
 
-.PHONY: bench bench-overhead bench-scale bench-counting bench-otlp bench-token-ids bench-profile bench-venvs
+.PHONY: bench bench-overhead bench-scale bench-counting bench-otlp bench-token-ids bench-profile bench-translation bench-venvs
 
 bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_scale $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_counting $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_otlp $(BENCH_ARGS)
+	.venv-bench/bin/python -m benchmarks.bench_translation $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
 
 bench-overhead: bench-venvs
@@ -29,6 +30,10 @@ bench-scale: bench-venvs
 
 bench-counting: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_counting $(BENCH_ARGS)
+
+# modeltap alone, a translated stream against an untranslated one: no peer venvs needed.
+bench-translation: .venv-bench/.installed
+	.venv-bench/bin/python -m benchmarks.bench_translation $(BENCH_ARGS)
 
 bench-otlp: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_otlp $(BENCH_ARGS)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Install the agent CLIs the tests drive (opencode, Claude Code) from npm into a project-local prefix.
+# Install the agent CLIs the tests drive (opencode, Claude Code, Codex CLI, Qwen Code) from npm into a
+# project-local prefix.
 #
 # Usage: scripts/install-agents.sh PREFIX PACKAGE@VERSION...
 #
-# Both packages ship native binaries inside registry packages, so nothing is fetched from outside
-# the npm registry (docs/agents.md §3.1, §4.1). opencode's postinstall runs
+# Each ships its native binary (or its whole bundle) inside registry packages, so nothing is fetched
+# from outside the npm registry (docs/agents.md §3.1, §4.1, §6.1, §7.1). opencode's postinstall runs
 # `opencode --version` with $HOME and leaves folders there, so the install runs with a scratch HOME;
 # the user's npm cache and npmrc are passed explicitly so that scratch HOME changes nothing else.
 # Afterwards each binary is run once (offline, scratch HOME) to prove it starts.
@@ -25,11 +26,14 @@ userconfig_args=()
 HOME=$scratch_home npm install --prefix "$prefix" --cache "$real_cache" "${userconfig_args[@]}" \
     --save-exact --no-audit --no-fund --no-update-notifier --loglevel=error "$@"
 
-# Smoke run: offline flags from docs/agents.md §3.2, §4.1 so that neither binary reaches for the network.
-for bin in opencode claude; do
+# Smoke run: offline flags from docs/agents.md §3.2, §4.1, §6.2, §7.2 so that no binary reaches for the
+# network. CODEX_HOME must exist (§6.2).
+mkdir -p "$scratch_home/.codex"
+for bin in opencode claude codex qwen; do
     version=$(HOME=$scratch_home XDG_CONFIG_HOME=$scratch_home/.config XDG_DATA_HOME=$scratch_home/.local/share \
         XDG_CACHE_HOME=$scratch_home/.cache XDG_STATE_HOME=$scratch_home/.local/state \
-        CLAUDE_CONFIG_DIR=$scratch_home/.claude npm_config_offline=true \
+        CLAUDE_CONFIG_DIR=$scratch_home/.claude CODEX_HOME=$scratch_home/.codex npm_config_offline=true \
+        QWEN_USAGE_STATISTICS_ENABLED=0 \
         OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1 \
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
         "$prefix/node_modules/.bin/$bin" --version </dev/null)

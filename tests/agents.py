@@ -1,9 +1,11 @@
-"""Run the real agent CLIs, opencode and Claude Code, fully offline against a base URL.
+"""Run the real agent CLIs (opencode, Claude Code, Codex CLI, Qwen Code, mini-swe-agent) fully offline
+against a base URL.
 
-Owns: where the binaries are (the project-local npm prefix that `make agents` fills), the exact
-offline environment and command line of each (docs/agents.md §3.2, §4.1), and running one
-with a fresh HOME, stdin from /dev/null, a timeout that kills its whole process group, and its JSON
-output parsed. Does not own: what the base URL points at (a stand-in, modeltap) or the assertions.
+Owns: where the binaries are (the project-local npm prefix and the .venv-mini venv that `make agents`
+fills), the exact offline environment and command line of each (docs/agents.md §3.2, §4.1, §6.2,
+§7.2, §8.2), and running one with a fresh HOME, stdin from /dev/null, a timeout that kills its whole
+process group, and its output parsed. Does not own: what the base URL points at (a stand-in,
+modeltap) or the assertions.
 
     run = run_opencode(upstream.v1_url, "sk-test", tmp_path / "proj")
     assert run.exit_code == 0, run.describe()
@@ -24,6 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 NPM_BIN = REPO_ROOT / ".cache" / "npm" / "node_modules" / ".bin"
 OPENCODE = NPM_BIN / "opencode"
 CLAUDE = NPM_BIN / "claude"
+CODEX = NPM_BIN / "codex"
+QWEN = NPM_BIN / "qwen"
+MINI = REPO_ROOT / ".venv-mini" / "bin" / "mini"
 INSTALL_TARGET = "make agents"
+# The model name Codex, Qwen Code and mini-swe-agent ask for: the one the vLLM stand-in serves (it
+# answers any other with model_not_found, as vLLM does).
+MODEL = "standin-model"
+# The variable Codex reads its provider's key from (`env_key` names it: docs/agents.md §6.2).
+CODEX_KEY_VARIABLE = "MODELTAP_CLIENT_KEY"
+# One session of each of Qwen Code's turns is plenty for the two-turn task; the cap stops a loop.
+QWEN_MAX_TURNS = 6
+MINI_STEP_LIMIT = 6
 
 TASK_PROMPT = "Run the shell command `echo $((6 * 7))` and reply with only the number it prints."
 # The provider and model opencode is configured with; any OpenAI-compatible base URL serves it.
@@ -66,6 +80,17 @@ OPENCODE_OFFLINE_ENV = {
     "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
     "npm_config_offline": "true",
 }
+# Qwen Code looks up Aliyun's telemetry host unless usage statistics are off (docs/agents.md §7.2).
+QWEN_OFFLINE_ENV = {"QWEN_USAGE_STATISTICS_ENABLED": "0", "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
+# mini-swe-agent: no first-run wizard, no cost lookup failure, no litellm cost-map fetch at import
+# (docs/agents.md §8.2); one attempt per request, so a refused request fails the run at once.
+MINI_OFFLINE_ENV = {
+    "MSWEA_CONFIGURED": "true",
+    "MSWEA_COST_TRACKING": "ignore_errors",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "MSWEA_SILENT_STARTUP": "1",
+    "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
+}
 CLAUDE_OFFLINE_ENV = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "DISABLE_AUTOUPDATER": "1",
@@ -83,14 +108,17 @@ class AgentCommand:
     env: dict[str, str]
     cwd: Path
     home: Path
+    answer_file: Path | None = None
+    """Where the agent writes its answer, when not on stdout (mini-swe-agent's trajectory)."""
 
 
 @dataclass(frozen=True)
 class AgentRun:
     """The outcome of one CLI run. `exit_code` is None when the run hit its timeout and was killed.
 
-    `output` holds stdout's JSON values: one event per line for opencode (`--format json`), one
-    result object for Claude Code (`--output-format json`).
+    `output` holds stdout's JSON values: one event per line for opencode (`--format json`) and Codex
+    (`exec --json`), one result object for Claude Code (`--output-format json`), the elements of Qwen
+    Code's one array (`--output-format json`).
     """
 
     command: AgentCommand
@@ -107,7 +135,10 @@ class AgentRun:
 
     @property
     def final_text(self) -> str | None:
-        """The agent's last answer: opencode's last `text` event, or Claude Code's `result`."""
+        """The agent's last answer: opencode's last `text` event, Claude Code's and Qwen Code's
+        `result`, Codex's last agent message, mini-swe-agent's submission."""
+        if self.command.answer_file is not None:
+            return _submission(self.command.answer_file)
         for event in reversed(self.output):
             if not isinstance(event, dict):
                 continue
@@ -115,6 +146,13 @@ class AgentRun:
                 return str(event.get("part", {}).get("text"))
             if event.get("type") == "result":
                 return str(event.get("result"))
+            item = event.get("item")
+            if (
+                event.get("type") == "item.completed"
+                and isinstance(item, dict)
+                and item.get("type") == "agent_message"
+            ):
+                return str(item.get("text"))
         return None
 
     @property
@@ -244,7 +282,126 @@ def claude_command(
     return AgentCommand(argv, env, workdir, home)
 
 
+def _submission(path: Path) -> str | None:
+    """mini-swe-agent's answer: the trajectory's `info.submission`, stripped (docs/agents.md §8.3)."""
+    try:
+        info = json.loads(path.read_text()).get("info", {})
+    except (OSError, ValueError):
+        return None
+    submission = info.get("submission")
+    return submission.strip() if isinstance(submission, str) else None
+
+
+def codex_config(base_url: str, model: str = MODEL) -> str:
+    """Codex's config.toml: one provider at `base_url` speaking Responses (give it the `/v1` the
+    upstream needs: Codex appends only `/responses`), no retries, no plugins, no analytics, and a
+    refused connection failing instead of waiting (docs/agents.md §6.2)."""
+    return f"""model = "{model}"
+model_provider = "modeltap"
+
+[model_providers.modeltap]
+name = "modeltap"
+base_url = "{base_url}"
+env_key = "{CODEX_KEY_VARIABLE}"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+
+[features]
+plugins = false
+unbounded_connection_retries = false
+"""
+
+
+def codex_command(
+    base_url: str,
+    api_key: str,
+    workdir: Path,
+    home: Path,
+    *,
+    prompt: str = TASK_PROMPT,
+    model: str = MODEL,
+    binary: str | None = None,
+) -> AgentCommand:
+    """`codex exec --json` with its config file in a scratch CODEX_HOME (written here: it must exist)."""
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(codex_config(base_url, model))
+    (home / "tmp").mkdir(exist_ok=True)
+    env = {
+        **home_env(home),
+        "CODEX_HOME": str(codex_home),
+        "TMPDIR": str(home / "tmp"),
+        CODEX_KEY_VARIABLE: api_key,
+    }
+    argv = [
+        binary or _binary(CODEX),
+        "exec",
+        "--json",
+        "--skip-git-repo-check",
+        "--sandbox",
+        "danger-full-access",
+    ]
+    return AgentCommand([*argv, prompt], env, workdir, home)
+
+
+def qwen_command(
+    base_url: str,
+    api_key: str,
+    workdir: Path,
+    home: Path,
+    *,
+    prompt: str = TASK_PROMPT,
+    model: str = MODEL,
+    binary: str | None = None,
+) -> AgentCommand:
+    """`qwen --auth-type openai --output-format json --yolo` (docs/agents.md §7.3); give `base_url` the
+    `/v1` the upstream needs (Qwen Code appends only `/chat/completions`)."""
+    env = {
+        **home_env(home),
+        **QWEN_OFFLINE_ENV,
+        "OPENAI_API_KEY": api_key,
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_MODEL": model,
+    }
+    argv = [binary or _binary(QWEN), "--auth-type", "openai", "--output-format", "json", "--yolo"]
+    return AgentCommand([*argv, "--max-session-turns", str(QWEN_MAX_TURNS), prompt], env, workdir, home)
+
+
+def mini_command(
+    base_url: str,
+    api_key: str,
+    workdir: Path,
+    home: Path,
+    *,
+    prompt: str = TASK_PROMPT,
+    model: str = MODEL,
+    binary: str | None = None,
+) -> AgentCommand:
+    """`mini --yolo --exit-immediately` with its answer in a trajectory file (docs/agents.md §8.3); give
+    `base_url` the `/v1` the upstream needs (litellm appends only `/chat/completions`)."""
+    trajectory = home / "trajectory.json"
+    env = {
+        **home_env(home),
+        **MINI_OFFLINE_ENV,
+        "MSWEA_GLOBAL_CONFIG_DIR": str(home / ".config" / "mini-swe-agent"),
+    }
+    argv = [binary or _binary(MINI), "-m", f"openai/{model}", "-t", prompt, "--yolo", "--exit-immediately"]
+    argv += ["-o", str(trajectory), "-c", "mini.yaml", "-c", f"agent.step_limit={MINI_STEP_LIMIT}"]
+    argv += ["-c", f"model.model_kwargs.api_base={base_url}", "-c", f"model.model_kwargs.api_key={api_key}"]
+    return AgentCommand(argv, env, workdir, home, answer_file=trajectory)
+
+
 def _parse_output(stdout: str) -> list[Any]:
+    try:
+        whole = json.loads(stdout)
+    except ValueError:
+        whole = None
+    if isinstance(whole, list):  # Qwen Code prints one array
+        return whole
     values = []
     for line in stdout.splitlines():
         try:
@@ -343,3 +500,20 @@ async def arun_claude(
 ) -> AgentRun:
     """`run_claude` without blocking the event loop."""
     return await arun(claude_command(base_url, api_key, workdir, fresh_home(workdir), **options), timeout_s)
+
+
+Builder = Callable[..., AgentCommand]
+
+
+async def arun_agent(
+    build: Builder,
+    base_url: str,
+    api_key: str,
+    workdir: Path,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    **options: Any,
+) -> AgentRun:
+    """Any agent's command (`codex_command`, `qwen_command`, `mini_command`, ...) run once with a fresh
+    HOME, without blocking the event loop."""
+    return await arun(build(base_url, api_key, workdir, fresh_home(workdir), **options), timeout_s)

@@ -13,7 +13,8 @@ The format, in full (examples/bundle.toml is a runnable one):
     image = "modeltap-agent:local" # the sandbox image (DockerSandbox); LocalSandbox ignores it
     command = ["${mount_npm}/.bin/opencode", "run", "--format", "json", "${prompt}"]
     workdir = "/work"              # where the command runs, and command checks with it
-    answer = "opencode-json"       # stdout | opencode-json | claude-json | {file = "answer.txt"}
+    answer = "opencode-json"       # stdout | opencode-json | claude-json | codex-json | qwen-json
+                                   # | {file = "answer.txt"}
     env = {HOME = "/tmp/home", OPENCODE_CONFIG_CONTENT = '{… "baseURL": "${base_url}" …}'}
     mounts = {npm = {source = "../node_modules", target = "/opt/npm"}}   # read_only = true by default
     # How a model endpoint reaches the agent: the variables set to the base URL and the key, and the
@@ -56,9 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-AnswerKind = Literal["stdout", "opencode-json", "claude-json", "file"]
+AnswerKind = Literal["stdout", "opencode-json", "claude-json", "codex-json", "qwen-json", "file"]
 CheckKind = Literal["contains", "regex", "exact", "command", "judge"]
-ANSWER_KINDS: tuple[AnswerKind, ...] = ("stdout", "opencode-json", "claude-json")
+ANSWER_KINDS: tuple[AnswerKind, ...] = ("stdout", "opencode-json", "claude-json", "codex-json", "qwen-json")
 CHECK_KINDS: tuple[CheckKind, ...] = ("contains", "regex", "exact", "command", "judge")
 TEMPLATE_VARIABLES = frozenset({"prompt", "task_id", "base_url", "api_key", "model", "workdir", "home"})
 # Long enough for an agent CLI to start, make a few model calls and run a tool; short enough that a

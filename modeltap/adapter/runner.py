@@ -218,14 +218,42 @@ async def _read_answer(sandbox: Sandbox, agent: Agent, result: ExecResult) -> st
         return None if data is None else data.decode("utf-8", errors="replace").strip()
     if kind == "opencode-json":
         return _opencode_answer(result.stdout)
-    if kind == "claude-json":
-        try:
-            doc = json.loads(result.stdout)
-        except ValueError:
-            return None
-        answer = doc.get("result") if isinstance(doc, dict) else None
-        return answer.strip() if isinstance(answer, str) else None
+    if kind in ("claude-json", "qwen-json"):
+        return _result_answer(result.stdout)
+    if kind == "codex-json":
+        return _codex_answer(result.stdout)
     return result.stdout.strip()
+
+
+def _result_answer(stdout: str) -> str | None:
+    """The `result` of Claude Code's one JSON object, or of the `result` element that ends Qwen Code's
+    JSON array (docs/agents.md §4.1, §7.3)."""
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return None
+    if isinstance(doc, list):
+        doc = next((e for e in reversed(doc) if isinstance(e, dict) and e.get("type") == "result"), None)
+    answer = doc.get("result") if isinstance(doc, dict) else None
+    return answer.strip() if isinstance(answer, str) else None
+
+
+def _codex_answer(stdout: str) -> str | None:
+    """The last agent message of `codex exec --json` (one JSON event per line: docs/agents.md §6.3)."""
+    answer = None
+    for line in stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        item = event.get("item") if isinstance(event, dict) else None
+        if (
+            event.get("type") == "item.completed"
+            and isinstance(item, dict)
+            and item.get("type") == "agent_message"
+        ):
+            answer = item.get("text")
+    return answer.strip() if isinstance(answer, str) else None
 
 
 def _opencode_answer(stdout: str) -> str | None:

@@ -1,7 +1,8 @@
 """The installed AReaL and what it can do, read from package metadata: AReaL itself is never imported.
 
 Owns: the installed version (importlib.metadata), comparing it with the last release of a kind
-(`packaging.version`, PEP 440), and the capabilities that depend on it. Does not own: talking to
+(`packaging.version`, PEP 440), the capabilities that depend on it, and the rewrites a body needs
+before AReaL's proxy can take it. Does not own: talking to
 AReaL (proxy/upstream.py) or adapting to a missing capability (adapter/workflow.py,
 proxy/upstream.py's `auto` layout).
 
@@ -114,6 +115,30 @@ def messages_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
         for m in messages
     ]
     return {**body, "messages": fixed}
+
+
+def responses_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The `/responses` body AReaL can take, or None when it needs no change.
+
+    AReaL 1.0.4 refuses any non-empty `include` with a 500 "NotImplementedError: include is not
+    supported yet", and answers a tool whose own `tools` list its request model reads as an iterator
+    (Codex's `namespace` tool) with a 500 "TypeError: Object of type ValidatorIterator is not JSON
+    serializable" when it renders the tools (docs/areal.md §1.1.9). Codex always sends both (docs/agents.md
+    §6.4). So `include` is left out (AReaL returns no encrypted reasoning anyway) and so is every tool
+    but a function tool (the only kind AReaL's tool-call parser can answer with).
+    """
+    tools = body.get("tools")
+    kept = (
+        [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
+        if isinstance(tools, list)
+        else tools
+    )
+    if not body.get("include") and kept == tools:
+        return None
+    fixed = {k: v for k, v in body.items() if k != "include"}
+    if isinstance(tools, list):
+        fixed["tools"] = kept
+    return fixed
 
 
 def _tool_use_only(message: Any) -> bool:

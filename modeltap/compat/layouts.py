@@ -1,12 +1,16 @@
 """Upstream path layouts: where each endpoint lives on each kind of server.
 
-Owns: the layout names (`areal`, `openai`, `auto`), the upstream path of every endpoint under each,
-how a base URL is joined with that path, and how to read an upstream's error body (every known shape)
-and classify it for the record. Does not own: sending requests (proxy/upstream.py) or deciding when
-to fall back (also upstream.py, which asks `is_route_level_404` here).
+Owns: the layout names (`areal`, `areal-gateway`, `openai`, `chat-only`, `auto`), the upstream path
+of every endpoint under each (none, for an endpoint the layout does not serve: modeltap translates it
+through chat or answers it itself), how a base URL is joined with that path, and how to read an
+upstream's error body (every known shape) and classify it for the record. Does not own: sending
+requests (proxy/upstream.py) or deciding when to fall back (also upstream.py, which asks
+`is_route_level_404` here).
 
 AReaL <= 2.1.0 serves chat and responses at the bare path and Anthropic messages at `/v1/messages`
-(docs/areal.md §1.1.1, §2); vLLM, SGLang and OpenAI serve everything under `/v1`.
+(docs/areal.md §1.1.1, §2); AReaL's inference-service gateway (2.0's only one) serves chat and models
+under `/v1` and nothing else (§9); vLLM, SGLang and OpenAI serve everything under `/v1`, and many vLLM
+and SGLang deployments serve chat but neither Anthropic messages nor Responses (`chat-only`).
 """
 
 from __future__ import annotations
@@ -15,10 +19,39 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-Layout = Literal["areal", "openai", "auto"]
-LAYOUTS: tuple[Layout, ...] = ("areal", "openai", "auto")
+Layout = Literal["areal", "areal-gateway", "openai", "chat-only", "auto"]
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+# What each layout says its upstream does, for `serve`'s start-up lines and the README.
+LAYOUT_HELP: Mapping[Layout, str] = {
+    "auto": "tries /v1/… first, then the bare path, and remembers per endpoint; an endpoint served at "
+    "neither is translated through chat",
+    "areal": "AReaL 1.0: chat and responses at the bare path, messages at /v1/messages",
+    "areal-gateway": "AReaL 2.0's gateway: chat and models under /v1, the rest translated through chat",
+    "openai": "everything under /v1",
+    "chat-only": "chat under /v1, Anthropic messages and Responses translated through chat",
+}
+# Routes an upstream of the layout does not serve at all (so modeltap translates them through chat,
+# or answers them itself); `None` stands for every route but the ones listed in _ONLY_SERVED.
+_UNSERVED: Mapping[Layout, frozenset[str]] = {
+    "chat-only": frozenset({"messages", "messages/count_tokens", "responses"}),
+}
+_ONLY_SERVED: Mapping[Layout, frozenset[str]] = {
+    "areal-gateway": frozenset({"chat/completions", "models"}),
+}
+
+
+def serves(layout: Layout, route: str) -> bool:
+    """Whether an upstream of `layout` serves `route` at all (`auto` is taken to serve everything until
+    it answers otherwise).
+
+    >>> serves("chat-only", "messages"), serves("areal-gateway", "chat/completions")
+    (False, True)
+    """
+    if layout in _ONLY_SERVED:
+        return route in _ONLY_SERVED[layout]
+    return route not in _UNSERVED.get(layout, frozenset())
 
 
 def upstream_paths(
@@ -41,12 +74,16 @@ def upstream_paths(
     ['/v1/chat/completions', '/chat/completions']
     >>> upstream_paths("auto", "chat/completions", auto_first="areal")
     ['/chat/completions', '/v1/chat/completions']
+    >>> upstream_paths("chat-only", "responses")
+    []
     """
+    if not serves(layout, route):
+        return []
     bare = "/" + route
     if base_has_v1:
         return [bare]
     v1 = "/v1" + bare
-    if layout == "openai":
+    if layout != "areal" and layout != "auto":
         return [v1]
     areal = v1 if areal_v1 else bare
     if layout == "areal":
@@ -227,3 +264,42 @@ def classify(status: int, body: bytes | str | Mapping[str, Any] | None) -> Error
     if status == 500 and any(phrase in error.message for phrase in _AREAL_CLIENT_FAULT_500):
         return "client_error"
     return "upstream_error"
+
+
+# The token counts an overflow message states, as (pattern, group of the prompt tokens, group of the
+# limit), in the wordings of _OVERFLOW_PHRASES that carry numbers. A translated client gets its own
+# format's refusal with these numbers (Claude Code reads "prompt is too long: P tokens > L maximum").
+_OVERFLOW_NUMBERS = (
+    (
+        re.compile(r"maximum context length is (\d+) tokens\. However, you requested \d+ tokens \((\d+) in"),
+        2,
+        1,
+    ),
+    (re.compile(r"maximum context length is (\d+) tokens\. However, your messages resulted in (\d+)"), 2, 1),
+    (re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (\d+)"), 2, 1),
+    (
+        re.compile(r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"),
+        1,
+        2,
+    ),
+    (
+        re.compile(r"maximum context length of (\d+) tokens\. You requested a total of \d+ tokens: (\d+)"),
+        2,
+        1,
+    ),
+    (re.compile(r"len of prompt tokens (\d+) exceeds (?:max_total_tokens|engine_max_tokens) (\d+)"), 1, 2),
+    (re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum"), 1, 2),
+)
+
+
+def overflow_tokens(message: str) -> tuple[int, int] | None:
+    """(prompt tokens, limit) stated by a context-overflow message, or None when it states neither.
+
+    >>> overflow_tokens("len of prompt tokens 609 exceeds max_total_tokens 256")
+    (609, 256)
+    """
+    for pattern, prompt, limit in _OVERFLOW_NUMBERS:
+        match = pattern.search(message)
+        if match:
+            return int(match.group(prompt)), int(match.group(limit))
+    return None

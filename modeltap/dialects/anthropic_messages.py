@@ -9,16 +9,24 @@ turn added (messages, and the `system` prompt when it changed).
 The conversion follows LiteLLM 1.104.9, the newest LiteLLM AReaL can import (docs/areal.md §1.1.8, §10.0), in
 litellm/llms/anthropic/experimental_pass_through/adapters/transformation.py; AReaL then joins list
 content with "\\n", keeping only text (`flattened`).
+
+Translation (an upstream that serves chat but not messages) sends that conversion, made for a chat
+server rather than for AReaL's: no `cache_control`, system messages after the first turn as LiteLLM's
+noted user messages (most chat templates refuse a late system message), failed tool results flagged,
+thinking as `reasoning_content`, only custom tools (a hosted tool needs Anthropic's servers). The reply
+comes back as Anthropic's event stream, written from the chat chunks as they arrive.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from modeltap.compat.areal import messages_body_for_areal
+from modeltap.compat.layouts import ErrorInfo, is_context_overflow
 from modeltap.dialects.base import (
     ApiError,
     ChatPrompt,
@@ -32,6 +40,7 @@ from modeltap.dialects.base import (
     dicts_in,
     tool_call,
 )
+from modeltap.dialects.openai_chat import ChatDeltas, request_options
 from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event
 
 # The API version the anthropic SDK and Claude Code send (docs/agents.md §4.3, §5); requests need one.
@@ -289,6 +298,42 @@ class Messages(Dialect):
         functions = [t for t in tools or [] if t.get("type") == "function" and "function" in t]
         return Conversation(chat, functions)
 
+    translates = True
+
+    def chat_request(
+        self, body: dict[str, Any], earlier: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The body as a chat request for a chat server (see the module docstring)."""
+        messages, _ = to_chat(body, keep_cache_control=False, system_anywhere=False, flag_errors=True)
+        chat: dict[str, Any] = {
+            "model": body.get("model"),
+            "messages": [_for_chat_server(m) for m in messages],
+        }
+        tools = [_chat_tool(tool) for tool in dicts_in(body.get("tools")) if _is_custom_tool(tool)]
+        if tools:
+            chat["tools"] = tools
+            choice = as_dict(body.get("tool_choice"))
+            if choice.get("type") in _TOOL_CHOICES:
+                chat["tool_choice"] = _TOOL_CHOICES[choice["type"]]
+            elif choice.get("type") == "tool":
+                chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+            if choice.get("disable_parallel_tool_use") is True:
+                chat["parallel_tool_calls"] = False
+        if body.get("stop_sequences"):
+            chat["stop"] = body["stop_sequences"]
+        return chat | request_options(body, "max_tokens", ("temperature", "top_p", "top_k"))
+
+    def chat_translator(self, request: dict[str, Any]) -> _MessagesFromChat:
+        return _MessagesFromChat(request)
+
+    def upstream_error(self, status: int, error: ErrorInfo) -> tuple[int, ApiError]:
+        """A context overflow whose message states no numbers still opens with "prompt is too long",
+        the words Claude Code acts on (docs/agents.md §4.4)."""
+        status, api = super().upstream_error(status, error)
+        if is_context_overflow(error) and not api.message.startswith("prompt is too long"):
+            api = ApiError(f"prompt is too long: {error.message}")
+        return status, api
+
     def tool_call_parse_failure(self, response: Any) -> bool:
         """LiteLLM translates AReaL's unparsed tool call into stop_reason "tool_use" with no tool_use
         block (inferred from its mapping)."""
@@ -301,13 +346,19 @@ class Messages(Dialect):
 
 
 def to_chat(
-    body: dict[str, Any], *, keep_cache_control: bool | None = None, system_anywhere: bool | None = None
+    body: dict[str, Any],
+    *,
+    keep_cache_control: bool | None = None,
+    system_anywhere: bool | None = None,
+    flag_errors: bool = False,
 ) -> tuple[list[dict[str, Any]], list[Any] | None]:
     """A messages body as OpenAI chat messages and tools, the way LiteLLM converts it.
 
     `keep_cache_control` (LiteLLM: for Anthropic, Gemini and Bedrock targets) and `system_anywhere`
     (LiteLLM: for models its map says take system messages mid-conversation; others get them as noted
-    user messages) default to what LiteLLM decides from the body's model.
+    user messages) default to what LiteLLM decides from the body's model. `flag_errors` opens the tool
+    message of a failed `tool_result` (`is_error`) with TOOL_ERROR_PREFIX, which chat has no field for
+    (LiteLLM drops the flag).
     """
     model = str(body.get("model") or "")
     if keep_cache_control is None:
@@ -321,7 +372,7 @@ def to_chat(
         ordered = _with_mid_conversation_systems_converted(ordered)
     messages: list[dict[str, Any]] = []
     for message in ordered:
-        messages.extend(_chat_messages(message, keep_cache_control))
+        messages.extend(_chat_messages(message, keep_cache_control, flag_errors))
     system = _system_message(body.get("system"), keep_empty_blocks=True)
     if system is not None:
         messages.insert(0, system)
@@ -403,13 +454,15 @@ def _text(text: Any) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
 
-def _chat_messages(message: dict[str, Any], keep_cache_control: bool) -> list[dict[str, Any]]:
+def _chat_messages(
+    message: dict[str, Any], keep_cache_control: bool, flag_errors: bool = False
+) -> list[dict[str, Any]]:
     """One Anthropic message as zero or more chat messages."""
     role, content = message["role"], message.get("content")
     if role == "system":
         return [m for m in [_system_message(content, keep_empty_blocks=False)] if m is not None]
     if role == "user":
-        return _user_messages(content, keep_cache_control)
+        return _user_messages(content, keep_cache_control, flag_errors)
     if role == "assistant":
         return [m for m in [_assistant_message(content, keep_cache_control)] if m is not None]
     return []
@@ -424,7 +477,7 @@ def _system_message(content: Any, keep_empty_blocks: bool) -> dict[str, Any] | N
     return {"role": "system", "content": texts} if texts else None
 
 
-def _user_messages(content: Any, keep_cache_control: bool) -> list[dict[str, Any]]:
+def _user_messages(content: Any, keep_cache_control: bool, flag_errors: bool = False) -> list[dict[str, Any]]:
     """Tool results first (as tool messages), then the rest of the turn as one user message."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}] if content else []
@@ -437,10 +490,13 @@ def _user_messages(content: Any, keep_cache_control: bool) -> list[dict[str, Any
         elif kind in ("image", "document") and (url := _media_url(block.get("source"))):
             parts.append({"type": "image_url", "image_url": {"url": url}})
         elif kind == "tool_result":
+            text = _tool_result_text(block.get("content"))
             tool = {
                 "role": "tool",
                 "tool_call_id": block.get("tool_use_id", ""),
-                "content": _tool_result_text(block.get("content")),
+                "content": TOOL_ERROR_PREFIX + text
+                if flag_errors and block.get("is_error") is True
+                else text,
             }
             if keep_cache_control and block.get("cache_control"):
                 tool["cache_control"] = block["cache_control"]
@@ -555,6 +611,150 @@ def _tool_name(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
     return f"{name[:_TRUNCATED_TOOL_NAME_CHARS]}_{digest}"
+
+
+# -- translation for a chat server ---------------------------------------------------------------------
+
+# A failed tool result, flagged in the text of its tool message (chat has no field for it).
+TOOL_ERROR_PREFIX = "Error: "
+# Anthropic's tool_choice types that map to a chat tool_choice string (`tool` names one function).
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+# chat finish_reason -> Anthropic stop_reason, as LiteLLM maps it (content_filter to Anthropic's own
+# "refusal"); anything else ends the turn.
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+}
+_REFUSAL = {"content_filter": "refusal"}
+
+
+def _is_custom_tool(tool: dict[str, Any]) -> bool:
+    """A client tool with a schema the model fills in (a hosted tool such as web_search runs on
+    Anthropic's servers, which a chat server cannot stand in for)."""
+    return isinstance(tool.get("name"), str) and tool.get("type") in (None, "custom")
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {
+        "name": tool["name"],
+        "parameters": tool.get("input_schema") or {"type": "object", "properties": {}},
+    }
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _for_chat_server(message: dict[str, Any]) -> dict[str, Any]:
+    """A converted message as a chat server takes it: all-text content joined as AReaL joins it (chat
+    templates render text, not parts), parts kept when an image is among them; LiteLLM's
+    `thinking_blocks` left out (its `reasoning_content` stays)."""
+    out = {k: v for k, v in message.items() if k not in ("thinking_blocks", "cache_control")}
+    content = out.get("content")
+    if isinstance(content, list) and all(_is_text_block(part) for part in content):
+        out = flattened(out)
+    elif isinstance(content, list):
+        out["content"] = [
+            {k: v for k, v in part.items() if k != "cache_control"} for part in dicts_in(content)
+        ]
+    return out
+
+
+def anthropic_usage(usage: Any) -> dict[str, int]:
+    """Chat usage as Anthropic counts it: cached prompt tokens apart from `input_tokens`."""
+    usage = as_dict(usage)
+    prompt = as_int(usage.get("prompt_tokens")) or 0
+    cached = as_int(as_dict(usage.get("prompt_tokens_details")).get("cached_tokens")) or 0
+    out = {"input_tokens": prompt - cached, "output_tokens": as_int(usage.get("completion_tokens")) or 0}
+    if cached:
+        out["cache_read_input_tokens"] = cached
+    return out
+
+
+class _MessagesFromChat:
+    """Anthropic's event stream written from a chat chunk stream as it arrives: message_start at the
+    first chunk, a thinking, text or tool_use block per run of reasoning, text or one tool call (each
+    block stopped when the next starts), then message_delta with the stop reason and usage and
+    message_stop once the chat stream has ended."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self._model = request.get("model")
+        self._deltas = ChatDeltas()
+        self._started = False
+        self._open: tuple[str, int] | None = None  # (block type, tool call number) of the open block
+        self._blocks = 0
+        self._call_blocks: dict[int, int] = {}
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._start(chunk)
+        for kind, number, value in self._deltas.read(chunk):
+            if kind == "reasoning":
+                events += self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+                events.append(self._delta(self._blocks - 1, {"type": "thinking_delta", "thinking": value}))
+            elif kind == "text":
+                events += self._block("text", {"type": "text", "text": ""})
+                events.append(self._delta(self._blocks - 1, {"type": "text_delta", "text": value}))
+            elif kind == "call":
+                use = {"type": "tool_use", "id": value["id"], "name": value["name"], "input": {}}
+                events += self._block("tool_use", use, number)
+                self._call_blocks[number] = self._blocks - 1
+            elif kind == "arguments" and number in self._call_blocks:
+                piece = {"type": "input_json_delta", "partial_json": value}
+                events.append(self._delta(self._call_blocks[number], piece))
+            elif kind == "error":
+                events.append({"type": "error", "error": {"type": "api_error", "message": value}})
+        return events
+
+    def end(self) -> list[dict[str, Any]]:
+        reason = self._deltas.finish_reason
+        if reason is None:
+            return []
+        events = self._start({})
+        if self._blocks == 0:
+            events += self._block("text", {"type": "text", "text": ""})
+        events += self._stop()
+        stop = STOP_REASONS.get(reason) or _REFUSAL.get(reason) or "end_turn"
+        usage = anthropic_usage(self._deltas.usage)
+        events.append(
+            {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage}
+        )
+        return [*events, {"type": "message_stop"}]
+
+    def _start(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        if self._started:
+            return []
+        self._started = True
+        message: dict[str, Any] = {
+            "id": chunk.get("id") or f"msg_{uuid.uuid4().hex}",
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+        return [{"type": "message_start", "message": message}]
+
+    def _block(self, kind: str, start: dict[str, Any], number: int = 0) -> list[dict[str, Any]]:
+        """Open a block of `kind` unless it is the one open (a tool call opens a block of its own)."""
+        if self._open == (kind, number) and kind != "tool_use":
+            return []
+        events = self._stop()
+        self._open = (kind, number)
+        self._blocks += 1
+        return [*events, {"type": "content_block_start", "index": self._blocks - 1, "content_block": start}]
+
+    def _stop(self) -> list[dict[str, Any]]:
+        if self._open is None:
+            return []
+        self._open = None
+        return [{"type": "content_block_stop", "index": self._blocks - 1}]
+
+    @staticmethod
+    def _delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": index, "delta": delta}
 
 
 DIALECT = Messages()

@@ -17,6 +17,11 @@ A dialect answers, for its format:
 - records: `summary` (finish reason, reply, tool calls, usage), `new_messages` (what a turn added),
   `conversation` (the exchange as OpenAI chat messages), `tool_call_parse_failure`, and `token_ids`
   (the prompt and completion ids an engine returned: dialects/token_ids.py);
+- translation, for an upstream that does not serve the format (`translates`): `chat_request` (the
+  request as OpenAI chat), `chat_translator` (the format's stream written from a chat chunk stream as
+  it arrives; a non-streamed reply is converted through it too), `upstream_error` (a chat upstream's
+  error as the format's clients parse it) and, for a format whose requests chain to an earlier reply,
+  `previous_id`, `reply_id` and `continued`.
 - traces: `operation` and `provider`, the format's names in the OpenTelemetry GenAI conventions
   (docs/otel.md).
 
@@ -39,6 +44,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from modeltap.dialects.token_ids import TokenIds
+
+from modeltap.compat.layouts import ErrorInfo, is_context_overflow, overflow_tokens
+from modeltap.dialects.sse import typed_event
 
 # The path prefix of a session URL, `/s/TOKEN/...` (modeltap.proxy.sessions issues the tokens).
 SESSION_PREFIX = re.compile(r"^s/([A-Za-z0-9_-]{16,128})(?:/(.*))?$")
@@ -124,6 +132,40 @@ class Assembler(Protocol):
         ...
 
 
+class ChatTranslator(Protocol):
+    """Writes one exchange's stream in a format from the OpenAI chat chunk stream an upstream sends,
+    chunk by chunk as the chunks arrive (modeltap.dialects.openai_chat.ChatDeltas reads them). Events
+    are dicts carrying their `type`, written with `Dialect.event_bytes`."""
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events one chat chunk makes."""
+        ...
+
+    def end(self) -> list[dict[str, Any]]:
+        """The closing events, once the chat stream has ended; none when it ended before its finish
+        reason (the client then sees a stream cut short, as it was)."""
+        ...
+
+
+# Error types by HTTP status, for an upstream error that names none the client's format knows
+# (OpenAI's documented error types; Anthropic's: docs/agents.md §2.5).
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
 class Dialect:
     """One wire format. The defaults describe a format that has none of the optional parts: no budget,
     no stream, no conversation, OpenAI-shaped errors."""
@@ -149,6 +191,9 @@ class Dialect:
     """Whether its answer is the prompt's token count, which modeltap can give itself."""
     request_headers: ClassVar[Mapping[str, str]] = {}
     """Headers a request of this format needs besides its body (a replay sends them)."""
+    translates: ClassVar[bool] = False
+    """Whether modeltap can send its requests to an upstream as OpenAI chat, and answer back in this
+    format, when the upstream does not serve it."""
     operation: ClassVar[str | None] = None
     """The call's `gen_ai.operation.name` in the GenAI conventions (docs/otel.md): "chat",
     "text_completion", "embeddings"; None for a format that calls no model."""
@@ -334,6 +379,62 @@ class Dialect:
         """The prompt and completion ids the engine returned with `response` (vLLM's and SGLang's
         extensions, docs/engines.md), or None: a format no engine returns ids for."""
         return None
+
+    # -- translation through OpenAI chat -----------------------------------------------------------------
+
+    def chat_request(
+        self, body: dict[str, Any], earlier: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The request as an OpenAI chat request. `earlier`: the chat messages of the conversation a
+        chained request continues (`previous_id`). Raises ValueError for a body it cannot convert."""
+        raise ValueError(f"{self.name} requests cannot be translated to chat")
+
+    def chat_translator(self, request: dict[str, Any]) -> ChatTranslator:
+        """A fresh translator of one exchange's chat stream into this format's events."""
+        raise ValueError(f"{self.name} replies cannot be translated from chat")
+
+    def event_bytes(self, event: dict[str, Any]) -> bytes:
+        """One event of this format's stream as SSE: `event: TYPE` and its data, as Anthropic and
+        Responses stream (the formats that translate)."""
+        return typed_event(event)
+
+    def upstream_error(self, status: int, error: ErrorInfo) -> tuple[int, ApiError]:
+        """A chat upstream's error as this format's clients parse it, and the status to answer with.
+        A context overflow becomes this format's own refusal, a 400 whatever the upstream said (AReaL
+        says 500, which agents retry instead of compacting: docs/areal.md §4.1)."""
+        if is_context_overflow(error):
+            prompt, limit = overflow_tokens(error.message) or (None, None)
+            if prompt is not None and limit is not None:
+                return 400, self.context_overflow(
+                    prompt, 0, limit, limit, f"The upstream said: {error.message}"
+                )
+            return 400, ApiError(error.message, code="context_length_exceeded", param="messages")
+        fallback = "invalid_request_error" if status < 500 else "api_error"
+        return status, ApiError(
+            error.message or f"the upstream answered {status}",
+            openai_type=_OPENAI_TYPES.get(
+                status, "invalid_request_error" if status < 500 else "server_error"
+            ),
+            anthropic_type=_ANTHROPIC_TYPES.get(status, fallback),
+            code=error.code if isinstance(error.code, str) else None,
+        )
+
+    def previous_id(self, body: dict[str, Any]) -> str | None:
+        """The id of the earlier reply a request continues (Responses' `previous_response_id`), whose
+        conversation modeltap keeps when it translates (the chat upstream keeps none)."""
+        return None
+
+    def reply_id(self, request: dict[str, Any], reply: dict[str, Any]) -> str | None:
+        """The id a later request names to continue this reply, when the format chains and the request
+        asked for the reply to be kept."""
+        return None
+
+    def continued(
+        self, request: dict[str, Any], sent: dict[str, Any], reply: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The chat messages a request continuing this exchange starts from: what went upstream (`sent`,
+        a chat request) and the chat `reply`, less what each request states anew."""
+        return []
 
 
 # -- routes -------------------------------------------------------------------------------------------

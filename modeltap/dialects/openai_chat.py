@@ -3,7 +3,9 @@
 Owns: the route, which of `max_completion_tokens` / `max_tokens` caps the completion, the prompt
 (messages and tools, in the openai SDK's typed view when the server validates with it), the
 `chat.completion.chunk` stream in both directions, the reply's text and tool calls, the conversation
-for export, and AReaL's sign of a tool call that did not parse.
+for export, and AReaL's sign of a tool call that did not parse. For translation (the formats an
+upstream lacks go to it as chat): `chunks`, a completion as its chunks, and `ChatDeltas`, which reads
+a chunk stream as the pieces another format's stream is written from.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from modeltap.dialects.base import (
     part_texts,
     tool_call,
 )
-from modeltap.dialects.openai_completions import ChoiceChunks, usage_event
+from modeltap.dialects.openai_completions import ChoiceChunks
 from modeltap.dialects.sse import DONE_EVENT, data_event, index_of, list_of
 from modeltap.dialects.token_ids import TokenIds, chat_logprobs, served_ids
 
@@ -91,9 +93,109 @@ class _ChatChunks(ChoiceChunks):
 
 def _chunk(
     stamp: dict[str, Any], index: int, delta: dict[str, Any], finish: Any = None, logprobs: Any = None
-) -> bytes:
+) -> dict[str, Any]:
     piece = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-    return data_event({**stamp, "choices": [piece]})
+    return {**stamp, "choices": [piece]}
+
+
+def chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A chat completion as the `chat.completion.chunk` objects that stream it (without `[DONE]`): per
+    choice its role, reasoning, content, one chunk per tool call and the finish chunk, then a usage
+    chunk with `choices: []` when `include_usage` and the body has usage."""
+    stamp: dict[str, Any] = {
+        k: body.get(k) for k in ("id", "created", "model", "system_fingerprint") if k in body
+    }
+    stamp["object"] = "chat.completion.chunk"
+    out = []
+    for choice in dicts_in(body.get("choices")):
+        index, message = choice.get("index", 0), as_dict(choice.get("message"))
+        opening = {"role": message.get("role") or "assistant"}
+        if message.get("content") is not None:
+            opening["content"] = ""
+        deltas = [opening]
+        deltas += [{key: message[key]} for key in TEXT_FIELDS if message.get(key)]
+        deltas += [
+            {"tool_calls": [{"index": n, **call}]}
+            for n, call in enumerate(dicts_in(message.get("tool_calls")))
+        ]
+        out += [_chunk(stamp, index, delta) for delta in deltas]
+        out.append(_chunk(stamp, index, {}, choice.get("finish_reason"), choice.get("logprobs")))
+    if include_usage and body.get("usage") is not None:
+        out.append({**stamp, "choices": [], "usage": body["usage"]})
+    return out
+
+
+def request_options(body: Mapping[str, Any], cap_field: str, sampling: tuple[str, ...]) -> dict[str, Any]:
+    """A chat request's options taken from another format's `body`: its completion cap (`cap_field`)
+    as `max_completion_tokens` (the field every chat server reads: see `Chat.completion_field`), the
+    `sampling` fields it sets, and a stream with usage when it asked for a stream (usage closes a
+    translated stream).
+
+    >>> request_options({"max_tokens": 9, "stream": True}, "max_tokens", ("temperature",))
+    {'max_completion_tokens': 9, 'stream': True, 'stream_options': {'include_usage': True}}
+    """
+    options: dict[str, Any] = {}
+    if body.get(cap_field) is not None:
+        options["max_completion_tokens"] = body[cap_field]
+    options.update({field: body[field] for field in sampling if body.get(field) is not None})
+    if body.get("stream") is True:
+        options |= {"stream": True, "stream_options": {"include_usage": True}}
+    return options
+
+
+Delta = tuple[str, int, Any]
+"""One piece of a chat stream (`ChatDeltas.read`): (kind, tool call number, value)."""
+
+
+class ChatDeltas:
+    """Reads a chat chunk stream, chunk by chunk, as the pieces another format's stream is written
+    from, in their order: ("reasoning", 0, text), ("text", 0, text), ("call", n, {"id", "name"}) when
+    tool call n starts, ("arguments", n, text), ("error", 0, message) for an error event. Only the
+    first choice counts (a translated request asks for one). The finish reason and usage are kept as
+    they arrive.
+
+    >>> deltas = ChatDeltas()
+    >>> deltas.read({"id": "c1", "choices": [{"index": 0, "delta": {"content": "4"}}]})
+    [('text', 0, '4')]
+    >>> deltas.read({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), deltas.finish_reason
+    ([], 'stop')
+    """
+
+    __slots__ = ("_calls", "finish_reason", "usage")
+
+    def __init__(self) -> None:
+        self._calls: set[int] = set()
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def read(self, chunk: dict[str, Any]) -> list[Delta]:
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        if chunk.get("error") is not None:
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            return [("error", 0, str(message))]
+        choice = first_choice(chunk.get("choices"))
+        if choice.get("index", 0) != 0:
+            return []
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish_reason = choice["finish_reason"]
+        delta = as_dict(choice.get("delta"))
+        out: list[Delta] = []
+        for key in ("reasoning_content", "reasoning"):
+            if isinstance(delta.get(key), str) and delta[key]:
+                out.append(("reasoning", 0, delta[key]))
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            out.append(("text", 0, delta["content"]))
+        for position, call in enumerate(dicts_in(delta.get("tool_calls"))):
+            number = index_of(call.get("index", position))
+            function = as_dict(call.get("function"))
+            if number not in self._calls:
+                self._calls.add(number)
+                out.append(("call", number, {"id": call.get("id"), "name": function.get("name")}))
+            if isinstance(function.get("arguments"), str) and function["arguments"]:
+                out.append(("arguments", number, function["arguments"]))
+        return out
 
 
 class Chat(Dialect):
@@ -128,25 +230,7 @@ class Chat(Dialect):
     def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
         """Role, reasoning, content, one chunk per tool call, the finish chunk (with the choice's
         logprobs), an optional usage chunk with `choices: []`, then `[DONE]`."""
-        stamp: dict[str, Any] = {
-            k: body.get(k) for k in ("id", "created", "model", "system_fingerprint") if k in body
-        }
-        stamp["object"] = "chat.completion.chunk"
-        events = []
-        for choice in body.get("choices") or []:
-            index, message = choice.get("index", 0), choice.get("message") or {}
-            opening = {"role": message.get("role") or "assistant"}
-            if message.get("content") is not None:
-                opening["content"] = ""
-            deltas = [opening]
-            deltas += [{key: message[key]} for key in TEXT_FIELDS if message.get(key)]
-            deltas += [
-                {"tool_calls": [{"index": n, **call}]}
-                for n, call in enumerate(message.get("tool_calls") or [])
-            ]
-            events += [_chunk(stamp, index, delta) for delta in deltas]
-            events.append(_chunk(stamp, index, {}, choice.get("finish_reason"), choice.get("logprobs")))
-        return [*events, *usage_event(stamp, body, include_usage), DONE_EVENT]
+        return [*(data_event(chunk) for chunk in chunks(body, include_usage)), DONE_EVENT]
 
     def read(self, reply: dict[str, Any]) -> Reading:
         choice = first_choice(reply.get("choices"))

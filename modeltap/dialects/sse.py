@@ -175,10 +175,15 @@ class StreamAssembler:
     `dialect` is the stream's format; its `assembler()` reads the events. `feed` takes a copy of each
     chunk after it reached the client and never raises; `result` ends the stream and may be called any
     number of times. Each chunk costs one pass over its bytes plus one `json.loads` per event.
+    `on_event`, when given, also gets each event's JSON object as it is read (None for `[DONE]`): a
+    translation writes the client's stream from it (modeltap.proxy.translate).
     """
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(
+        self, dialect: Dialect, on_event: Callable[[dict[str, Any] | None], None] | None = None
+    ) -> None:
         self._dialect: Assembler = dialect.assembler()
+        self._on_event = on_event
         self._decoder = SSEDecoder()
         self._events = 0
         self._complete = False
@@ -189,6 +194,11 @@ class StreamAssembler:
         """Take the next chunk of the stream, as it was sent to the client."""
         if self._result is None:
             self._safely(lambda: self._take_all(self._decoder.feed(chunk), at_eof=False))
+
+    @property
+    def complete(self) -> bool:
+        """Whether the stream's terminal event has arrived."""
+        return self._complete
 
     def result(self) -> Assembled:
         """End the stream and say what it amounted to. Later `feed` calls are ignored."""
@@ -219,6 +229,8 @@ class StreamAssembler:
             return
         if event.data == DONE:
             self._complete = self._dialect.END == DONE
+            if self._on_event is not None:
+                self._on_event(None)
             return
         try:
             obj = json.loads(event.data)
@@ -234,6 +246,8 @@ class StreamAssembler:
             self._hold(f"event {self._events}: upstream error: {message}")
         if self._dialect.add(obj):
             self._complete = True
+        if self._on_event is not None:
+            self._on_event(obj)
 
     def _hold(self, error: str) -> None:
         if self._error is None:
@@ -332,6 +346,12 @@ def data_event(value: Any) -> bytes:
 def named_event(kind: str, value: dict[str, Any]) -> bytes:
     """`event: KIND` then `data: {"type": KIND, ...}`: an Anthropic or Responses event."""
     return f"event: {kind}\n".encode() + data_event({"type": kind, **value})
+
+
+def typed_event(event: dict[str, Any]) -> bytes:
+    """An event that carries its own `type` (first), as `named_event` writes it, without copying it:
+    a translated stream writes one per event."""
+    return b"event: " + str(event["type"]).encode() + b"\n" + data_event(event)
 
 
 def split_events(raw: bytes) -> list[bytes]:

@@ -163,12 +163,15 @@ def decide(
     limits: Limits,
     policy: BudgetPolicy,
     min_completion_tokens: int,
+    refuse_as: Dialect | None = None,
 ) -> Decision:
     """Pass, clamp or reject one request whose prompt counts `prompt_tokens`. Pure.
 
     clamp: M lowered to what fits (or set, when absent); rejected when fewer than
     `min_completion_tokens` would remain and the client's own M does not fit either.
     reject: rejected unless M (or, when absent, one token) fits. off: always passes.
+    `refuse_as`: the format whose refusal the client reads, when it is not `dialect` (a request
+    translated to chat is budgeted as chat and refused in its client's words).
     """
     _check_policy(policy, min_completion_tokens)
     field = _completion_field(dialect, body)
@@ -192,7 +195,9 @@ def decide(
             f"modeltap refused this request before the upstream saw it: {limits.why()}; "
             f"at least {needed} completion token{'s' if needed > 1 else ''} must fit."
         )
-        refusal = dialect.context_overflow(prompt_tokens, requested or 0, limit, limit - needed, note)
+        refusal = (refuse_as or dialect).context_overflow(
+            prompt_tokens, requested or 0, limit, limit - needed, note
+        )
         error = OverBudget.from_api_error(refusal)
         return Decision("reject", requested=requested, error=error, **common)
     if (requested is not None and asked <= room) or policy == "reject":
@@ -235,13 +240,20 @@ class Budget:
         self.min_completion_tokens = min_completion_tokens
         self._memo: collections.OrderedDict[tuple[str, bytes], int] = collections.OrderedDict()
 
-    async def apply(self, dialect: Dialect, body: dict[str, Any], raw: bytes | None = None) -> Decision:
+    async def apply(
+        self,
+        dialect: Dialect,
+        body: dict[str, Any],
+        raw: bytes | None = None,
+        refuse_as: Dialect | None = None,
+    ) -> Decision:
         """The decision for one request of a format with a completion budget. A body that cannot be
         rendered passes uncounted: the upstream will refuse it in its own words, which serves the
         client better than a guess of ours.
 
         Counting always runs off the event loop: even a small body's render costs ~0.1 ms. `raw`, the
-        body as received, lets a repeated body be answered from a memo (COUNT_MEMO_MAX)."""
+        body as received, lets a repeated body be answered from a memo (COUNT_MEMO_MAX). `refuse_as`:
+        see `decide`."""
         _completion_field(dialect, body)
         key = (dialect.name, hashlib.blake2b(raw, digest_size=16).digest()) if raw is not None else None
         try:
@@ -261,7 +273,9 @@ class Budget:
             self._memo[key] = prompt_tokens
             if len(self._memo) > COUNT_MEMO_MAX:
                 self._memo.popitem(last=False)
-        return decide(dialect, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens)
+        return decide(
+            dialect, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens, refuse_as
+        )
 
     async def count_answer(self, dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
         """The answer of a format whose answer is the prompt's token count (Anthropic count_tokens:

@@ -2,7 +2,8 @@
 
 Owns: the typed app key, the pooled upstreams (one `aiohttp.ClientSession` per upstream base URL,
 created on first use and closed with the app), and references to the registry, the observers (the
-record store first), the budget and the token-id recorder.
+record store first), the budget, the token-id recorder and the conversations kept for translated
+Responses.
 Does not own: building the app (server.py) or handling requests (relay.py).
 """
 
@@ -22,6 +23,7 @@ from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.observers import Observers
 from modeltap.proxy.sessions import SessionRegistry
 from modeltap.proxy.tasks import Tasks
+from modeltap.proxy.translate import ResponseChains
 from modeltap.proxy.upstream import Upstream
 from modeltap.records.store import RecordStore
 
@@ -50,6 +52,7 @@ class ProxyContext:
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
     anonymous: AnonymousConversations = field(default_factory=AnonymousConversations)
     started: float = field(default_factory=time.time)
+    chains: ResponseChains = field(default_factory=ResponseChains)
     # Where AReaL is installed (the adapter runs inside it), its bare path is the likely one.
     auto_first: Literal["areal", "openai"] = field(
         default_factory=lambda: installed_capabilities().auto_first

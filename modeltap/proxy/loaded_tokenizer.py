@@ -27,8 +27,9 @@ import jinja2
 
 from modeltap.proxy import bpe
 from modeltap.proxy.append_stability import AppendStability
-from modeltap.proxy.chat_template import TOKENIZER_FILE, ChatTemplate, TokenizerFiles
+from modeltap.proxy.chat_template import ChatTemplate
 from modeltap.proxy.segments import Segments
+from modeltap.proxy.tokenizer_files import TOKENIZER_FILE, TokenizerFiles
 
 # Piece counts kept, by the pieces' characters: the openings many conversations share (system prompt,
 # tools) and each conversation's last pieces. 4M characters is ~4 MB of ASCII.

@@ -5,10 +5,11 @@
 Paths are resolved in routes.py, every format's particulars asked of its dialect (modeltap.dialects),
 token budgets decided in budget.py, what to ask an engine for its token ids (or render) in
 token_recorder.py, streams assembled in dialects/sse.py, upstream paths and client errors handled in
-upstream.py, and the sealed exchange handed to the observers (observers.py; the
-record store is the first). This module only wires them together for one request, and is the one
-boundary for failures: whatever a stage did not expect is answered 500 in the client's shape and
-recorded as `proxy_error`, and the server keeps serving.
+upstream.py, a format the upstream does not serve translated through chat and a stream made for a
+client that asked for one in translate.py, and the sealed exchange handed to the observers
+(observers.py; the record store is the first). This module only wires them together for one request,
+and is the one boundary for failures: whatever a stage did not expect is answered 500 in the client's
+shape and recorded as `proxy_error`, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from modeltap import dialects
 from modeltap.compat.clients import credential_values, presented_key, retry_count
 from modeltap.compat.layouts import classify, parse_error
 from modeltap.dialects.base import Dialect
-from modeltap.dialects.sse import StreamAssembler
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.errors import (
     BadRequest,
@@ -50,6 +50,7 @@ from modeltap.proxy.naming import NamingError, names_for
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
+from modeltap.proxy.translate import CHAT, StreamTap, Translation, Untouched, synthesised
 from modeltap.proxy.upstream import Reply, Upstream
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
 
@@ -134,9 +135,12 @@ class _Flow:
             self.delivered = True
             draft, recorder = self.draft, self.ctx.token_ids
             if self.render_ids and recorder is not None and draft.status == 200 and draft.error_class is None:
+                # What went upstream and what came back, in the upstream's format (chat, translated).
                 sent = draft.sent if draft.sent is not None else draft.request_json or {}
-                reply = draft.response if draft.response is not None else draft.response_body
-                draft.token_ids = await recorder.render(self.dialect, sent, reply)
+                upstream = dialects.named(draft.translated) if draft.translated else self.dialect
+                answer = draft.received if draft.translated else draft.response
+                reply: dict[str, Any] | bytes | None = answer if answer is not None else draft.response_body
+                draft.token_ids = await recorder.render(upstream, sent, reply)
             await self.ctx.observers.exchange(draft.seal())
 
     def deliver_later(self) -> None:
@@ -205,45 +209,92 @@ async def _exchange(flow: _Flow) -> web.StreamResponse:
     draft.session_id, draft.labels = names.session_id, names.labels
     if dialect.counts_prompt and ctx.budget is not None and body is not None:
         return web.json_response(await ctx.budget.count_answer(dialect, body))
-    payload = draft.request if body is not None else None
-    if ctx.budget is not None and body is not None and dialect.completion_field(body) is not None:
-        decision = await ctx.budget.apply(dialect, body, draft.request)
+    translate = body is not None and target.upstream.translates(dialect)
+    return await _forward(flow, target, route, body, translate)
+
+
+async def _forward(
+    flow: _Flow, target: Target, route: Route, body: dict[str, Any] | None, translate: bool
+) -> web.StreamResponse:
+    """Budget, send and relay one request: as it is, or (`translate`) as OpenAI chat to an upstream
+    that does not serve its format. Under `auto`, a format no upstream path serves is translated from
+    then on, starting with this request."""
+    ctx, draft, dialect = flow.ctx, flow.draft, flow.dialect
+    translation = None
+    if translate and body is not None:
+        translation = Translation.start(dialect, body, ctx.chains, draft.session_id)
+        draft.translated = CHAT.name
+    payload = await _payload(flow, target, body, translation)
+    upstream_dialect = CHAT if translation else dialect
+    extra: Mapping[str, str] = {}
+    if (
+        ctx.token_ids is not None
+        and payload is not None
+        and upstream_dialect.completion_field({}) is not None
+    ):
+        payload, extra = await _ask_token_ids(flow, ctx.token_ids, target, upstream_dialect, payload)
+    try:
+        reply = await _send(flow, target, route, payload, upstream_dialect, extra)
+    except NotFound as err:
+        if translation is None and body is not None and target.upstream.translate_from_now_on(dialect):
+            return await _forward(flow, target, route, body, translate=True)
+        return _not_served(flow, route, err)
+    draft.upstream_url = ctx.sessions.mask(reply.url)
+    draft.status = reply.response.status
+    if translation is not None:
+        return await _relay_translated(flow, target.upstream, reply, translation)
+    # Only the generating formats stream; anything else that claims to is relayed whole.
+    if reply.response.content_type == "text/event-stream" and dialect.streams:
+        return await _relay_stream(flow, target.upstream, reply, Untouched(dialect))
+    if body is not None and body.get("stream") is True and dialect.streams and reply.response.status == 200:
+        return await _relay_synthesised(flow, target.upstream, reply, body)
+    return await _relay_body(flow, target.upstream, reply)
+
+
+async def _payload(
+    flow: _Flow, target: Target, body: dict[str, Any] | None, translation: Translation | None
+) -> bytes | None:
+    """The bytes that go upstream: the body as received unless the budget clamped it, AReaL needs it
+    rewritten, or it is translated (then its chat form, which is what the budget counts)."""
+    ctx, draft = flow.ctx, flow.draft
+    if body is None:
+        return None
+    dialect, sent, raw = flow.dialect, body, draft.request
+    if translation is not None:
+        # No memo for a translated body: its bytes are the client's, not what is counted.
+        dialect, sent, raw = CHAT, translation.chat_body, b""
+        draft.sent = sent
+    payload = draft.request if translation is None else None
+    if ctx.budget is not None and dialect.completion_field(sent) is not None:
+        decision = await ctx.budget.apply(dialect, sent, raw or None, refuse_as=flow.dialect)
         draft.budget = decision.as_record()
         if decision.error is not None:
             raise decision.error
         if decision.body is not None:
-            draft.sent = decision.body
-            payload = json.dumps(decision.body).encode()
-    if target.upstream.areal_like and body is not None:
-        fixed = dialect.areal_body(draft.sent if draft.sent is not None else body)
+            sent = draft.sent = decision.body
+            payload = None
+    if target.upstream.areal_like:
+        fixed = dialect.areal_body(sent)
         if fixed is not None:
-            draft.sent = fixed
-            payload = json.dumps(fixed).encode()
-    extra: Mapping[str, str] = {}
-    if ctx.token_ids is not None and body is not None and dialect.completion_field(body) is not None:
-        payload, extra = await _ask_token_ids(flow, ctx.token_ids, target, payload or b"")
-    reply = await _send(flow, target, route, payload, extra)
-    if isinstance(reply, web.StreamResponse):
-        return reply
-    draft.upstream_url = ctx.sessions.mask(reply.url)
-    draft.status = reply.response.status
-    # Only the generating formats stream; anything else that claims to is relayed whole.
-    if reply.response.content_type == "text/event-stream" and dialect.streams:
-        return await _relay_stream(flow, target.upstream, reply)
-    return await _relay_body(flow, target.upstream, reply)
+            sent = draft.sent = fixed
+            payload = None
+    if translation is not None:
+        translation.chat_body = sent
+    return payload if payload is not None else json.dumps(sent).encode()
 
 
 async def _ask_token_ids(
-    flow: _Flow, recorder: TokenIdRecorder, target: Target, payload: bytes
+    flow: _Flow, recorder: TokenIdRecorder, target: Target, dialect: Dialect, payload: bytes
 ) -> tuple[bytes, Mapping[str, str]]:
-    """`payload` and the extra headers that ask the upstream's engine for its token ids; or, when it
-    returns none, the payload as it is and the exchange marked for rendering."""
+    """`payload` (a request of `dialect`, as it goes upstream) and the extra headers that ask the
+    upstream's engine for its token ids; or, when it returns none, the payload as it is and the
+    exchange marked for rendering."""
     draft = flow.draft
     body = draft.sent if draft.sent is not None else draft.request_json or {}
     probe = {"Authorization": f"Bearer {target.key}"} if target.key else {}
     if not probe and target.pass_client_credentials and hdrs.AUTHORIZATION in flow.request.headers:
         probe = {"Authorization": flow.request.headers[hdrs.AUTHORIZATION]}
-    engine, ask = await recorder.ask(flow.dialect, body, target.upstream, probe)
+    engine, ask = await recorder.ask(dialect, body, target.upstream, probe)
     if ask is None:
         flow.render_ids = recorder.renders
         draft.token_ask = "rendered" if recorder.renders else None
@@ -253,38 +304,45 @@ async def _ask_token_ids(
 
 
 async def _send(
-    flow: _Flow, target: Target, route: Route, payload: bytes | None, extra: Mapping[str, str]
-) -> Reply | web.StreamResponse:
-    """The upstream's reply, or modeltap's own answer when the upstream does not serve the route."""
-    request, dialect = flow.request, flow.dialect
-    headers = _upstream_headers(request, target, dialect)
+    flow: _Flow,
+    target: Target,
+    route: Route,
+    payload: bytes | None,
+    dialect: Dialect,
+    extra: Mapping[str, str],
+) -> Reply:
+    """The upstream's reply for `dialect`'s route (the client's, or chat for a translation), with the
+    `extra` headers the token-id stage asks for. Raises NotFound when the upstream does not serve the
+    route."""
+    request = flow.request
+    headers = _upstream_headers(request, target, dialect, translated=dialect is not flow.dialect)
     headers.update(extra)
-    try:
-        return await target.upstream.send(
-            dialect,
-            request.method,
-            _forwarded_query(flow),
-            headers,
-            payload,
-            # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
-            f"/{quote(route.item, safe='')}" if route.item else "",
+    return await target.upstream.send(
+        dialect,
+        request.method,
+        _forwarded_query(flow),
+        headers,
+        payload,
+        # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
+        f"/{quote(route.item, safe='')}" if route.item else "",
+    )
+
+
+def _not_served(flow: _Flow, route: Route, err: NotFound) -> web.StreamResponse:
+    """modeltap's own answer when the upstream does not serve the route, or its NotFound `err`."""
+    ctx, dialect = flow.ctx, flow.dialect
+    served = [ctx.config.model] if ctx.config.model else []
+    answer = dialect.local_answer(served, ctx.started, route.item)
+    if answer is not None:
+        return web.json_response(answer)
+    if route.item is not None:
+        raise NotFound(f"no model {route.item!r} here; modeltap serves {served or 'no model (give --model)'}")
+    if dialect.counts_prompt:
+        raise NotImplemented_(
+            f"{dialect.route} needs the served model's tokenizer: start modeltap serve with "
+            "--tokenizer (the upstream does not serve it either)"
         )
-    except NotFound:
-        ctx = flow.ctx
-        served = [ctx.config.model] if ctx.config.model else []
-        answer = dialect.local_answer(served, ctx.started, route.item)
-        if answer is not None:
-            return web.json_response(answer)
-        if route.item is not None:
-            raise NotFound(
-                f"no model {route.item!r} here; modeltap serves {served or 'no model (give --model)'}"
-            ) from None
-        if dialect.counts_prompt:
-            raise NotImplemented_(
-                f"{dialect.route} needs the served model's tokenizer: start modeltap serve with "
-                "--tokenizer (the upstream does not serve it either)"
-            ) from None
-        raise
+    raise err
 
 
 def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
@@ -424,9 +482,13 @@ def _is_json_type(content_type: str) -> bool:
     return content_type == "application/json" or content_type.endswith("+json")
 
 
-def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) -> CIMultiDict[str]:
+def _upstream_headers(
+    request: web.Request, target: Target, dialect: Dialect, translated: bool = False
+) -> CIMultiDict[str]:
     """The client's headers less hop-by-hop ones (those `Connection` names too, RFC 9110 §7.6.1), path
-    overrides and the body's encoding, with the upstream's credentials."""
+    overrides and the body's encoding, with the upstream's credentials. A translated request carries
+    the client's own key, when it is passed through, where `dialect` (chat) puts keys: Claude Code's
+    x-api-key would be refused by a server that reads only Bearer (AReaL's gateway, docs/areal.md §1.2)."""
     named = {
         token.strip().lower()
         for token in request.headers.getall(hdrs.CONNECTION, ())
@@ -440,8 +502,13 @@ def _upstream_headers(request: web.Request, target: Target, dialect: Dialect) ->
             continue
         out.add(name, value)
     out[hdrs.ACCEPT_ENCODING] = UPSTREAM_ACCEPT_ENCODING
-    if target.key is not None:
-        out.update(dialect.credential_headers(target.key))
+    key = target.key
+    if key is None and translated and target.pass_client_credentials:
+        key = presented_key(request.headers)
+        for name in _CREDENTIALS - {"cookie"}:
+            out.popall(name, None)
+    if key is not None:
+        out.update(dialect.credential_headers(key))
     return out
 
 
@@ -471,12 +538,12 @@ async def _relay_body(flow: _Flow, upstream: Upstream, reply: Reply) -> web.Resp
     return web.Response(status=status, body=body, headers=_response_headers(flow, reply))
 
 
-async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.StreamResponse:
-    """Streamed: every chunk to the client as it arrives, a copy to the assembler. What arrived is
-    recorded however the stream ends: complete, broken by the upstream, or cut by the client."""
+async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply, tap: StreamTap) -> web.StreamResponse:
+    """Streamed: every chunk to the client as it arrives (through `tap`: as it is, or translated), a
+    copy to the assembler. What arrived is recorded however the stream ends: complete, broken by the
+    upstream, or cut by the client."""
     draft, request = flow.draft, flow.request
     draft.streamed = True
-    assembler = StreamAssembler(flow.dialect)
     raw: list[bytes] | None = [] if flow.ctx.config.keep_raw_sse else None
     headers = _response_headers(flow, reply)
     response = flow.stream = web.StreamResponse(status=reply.response.status, headers=headers)
@@ -486,23 +553,30 @@ async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.St
         async for chunk in upstream.chunks(reply.response):
             if draft.first_byte is None:
                 draft.first_byte = time.time()
-            await response.write(chunk)
-            assembler.feed(chunk)
+            out = tap.relay(chunk)
+            if out:
+                await response.write(out)
+            tap.keep(chunk)
             if raw is not None:
-                raw.append(chunk)
+                raw.append(out)
+        out = tap.end()
+        if out:
+            await response.write(out)
+            if raw is not None:
+                raw.append(out)
     except ProxyError as err:
         upstream_broke = True
         draft.fail(err.error_class, f"the upstream stream broke: {err.message}")
     except ConnectionError:  # a write to a client that left
-        _client_left(draft)
+        _client_left(draft, tap.complete)
     except asyncio.CancelledError:  # aiohttp cancels the handler of a client that left
-        _client_left(draft)
+        _client_left(draft, tap.complete)
         raise
     finally:
         # However the stream ends (the handler cancelled because the client hung up, or a bug caught
         # at the boundary), the part of the reply that was said is kept, marked incomplete.
-        result = assembler.result()
-        draft.response, draft.stream_complete = result.body, result.complete
+        result = tap.result()
+        draft.response, draft.stream_complete, draft.received = result.body, result.complete, tap.received
         if raw is not None:
             draft.raw_sse = b"".join(raw)
     if result.error is not None:
@@ -520,9 +594,87 @@ async def _relay_stream(flow: _Flow, upstream: Upstream, reply: Reply) -> web.St
     return response
 
 
-def _client_left(draft: ExchangeDraft) -> None:
+async def _relay_translated(
+    flow: _Flow, upstream: Upstream, reply: Reply, translation: Translation
+) -> web.StreamResponse:
+    """A chat upstream's answer in the client's format: its errors in the client's shape, its stream
+    translated chunk by chunk, its JSON body translated (as a stream when the client asked for one)."""
+    ctx, draft = flow.ctx, flow.draft
+    status = reply.response.status
+    if status < 400 and reply.response.content_type == "text/event-stream":
+        stream = translation.stream()
+        response = await _relay_stream(flow, upstream, reply, stream)
+        if stream.complete:
+            translation.remember(ctx.chains, draft.session_id, draft.received, draft.response)
+        return response
+    raw = reply.body if reply.body is not None else await upstream.read(reply.response)
+    draft.first_byte = time.time()
+    if status >= 400:
+        answered, body, said = translation.error(status, raw)
+        draft.status = answered
+        draft.fail(classify(status, raw), said.message[:RESPONSE_TEXT_MAX_CHARS])
+        draft.response = json.loads(body)
+        return web.Response(
+            status=answered, body=body, content_type="application/json", headers=_budget_header(flow)
+        )
+    try:
+        chat = json.loads(raw)
+    except ValueError:
+        chat = None
+    if not isinstance(chat, dict):
+        raise UpstreamUnreachable(
+            f"the upstream answered chat with {len(raw)} bytes that are not a JSON object"
+        )
+    draft.received = chat
+    if translation.streamed:
+        events, answer = translation.events(chat)
+        translation.remember(ctx.chains, draft.session_id, chat, answer)
+        return await _write_events(flow, events, answer)
+    draft.response = translation.reply(chat)
+    translation.remember(ctx.chains, draft.session_id, chat, draft.response)
+    return web.json_response(draft.response, headers=_budget_header(flow))
+
+
+async def _relay_synthesised(
+    flow: _Flow, upstream: Upstream, reply: Reply, request_body: dict[str, Any]
+) -> web.StreamResponse:
+    """A JSON answer to a request that asked for a stream, given to the client as the stream its format
+    defines; relayed whole when it is not a JSON object."""
+    raw = reply.body if reply.body is not None else await upstream.read(reply.response)
+    made = synthesised(flow.dialect, request_body, raw)
+    if made is None:
+        reply.body = raw
+        return await _relay_body(flow, upstream, reply)
+    flow.draft.first_byte = time.time()
+    return await _write_events(flow, *made)
+
+
+async def _write_events(flow: _Flow, events: list[bytes], body: dict[str, Any] | None) -> web.StreamResponse:
+    """A stream modeltap wrote itself from a whole answer, in one write; recorded as synthesised."""
+    draft, request = flow.draft, flow.request
+    draft.streamed, draft.synthesised, draft.stream_complete, draft.response = True, True, True, body
+    headers = {hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8", hdrs.CACHE_CONTROL: "no-cache"}
+    response = flow.stream = web.StreamResponse(status=200, headers=headers | _budget_header(flow))
+    await response.prepare(request)
+    try:
+        await response.write(b"".join(events))
+    except ConnectionError:
+        _client_left(draft, complete=False)
+    await flow.deliver()
+    if not draft.client_disconnected:
+        try:
+            await response.write_eof()
+        except ConnectionError:
+            pass  # Codex hangs up once it has its final event (docs/agents.md §6.5)
+    return response
+
+
+def _client_left(draft: ExchangeDraft, complete: bool) -> None:
+    """The client closed the connection: a failure unless it already had the stream's terminal event
+    (Codex hangs up as soon as it has response.completed: docs/agents.md §6.5)."""
     draft.client_disconnected = True
-    draft.fail("client_disconnect", "the client closed the connection mid-stream")
+    if not complete:
+        draft.fail("client_disconnect", "the client closed the connection mid-stream")
 
 
 def _error_response(flow: _Flow, err: ProxyError) -> web.Response:

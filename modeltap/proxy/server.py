@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from modeltap import dialects
+from modeltap.compat.layouts import LAYOUT_HELP, serves
 from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
@@ -136,7 +138,7 @@ async def _counter(config: ProxyConfig) -> TokenCounter | None:
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
     # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
-    areal = config.layout == "areal"
+    areal = config.layout in ("areal", "areal-gateway")
     # Off the loop: a first load reads the vocabulary for a second or two (a later one, of the same
     # folder in this process, is shared: tokens.SHARED).
     return await asyncio.to_thread(
@@ -344,15 +346,17 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
     config = proxy.config
     # A key the operator chose is theirs to keep: it is printed only when modeltap made it up.
     shown_key = "<the --admin-key you gave>" if config.admin_key else proxy.admin_key
-    layouts = {
-        "auto": "auto (tries /v1/… first, then the bare path, and remembers per endpoint)",
-        "areal": "areal (chat and responses at the bare path, messages at /v1/messages)",
-        "openai": "openai (everything under /v1)",
-    }
+    translated = [d.route for d in dialects.DIALECTS if d.translates and not serves(config.layout, d.route)]
     lines = [
         f"modeltap listening on {config.host}:{proxy.port}",
         f"  upstream  {config.upstream or '(none: sessions name their own)'}",
-        f"  layout    {layouts[config.layout]}",
+        f"  layout    {config.layout} ({LAYOUT_HELP[config.layout]})",
+        "  translated "
+        + (
+            "through chat: " + ", ".join(f"/v1/{route}" for route in translated)
+            if translated
+            else "none" + (" until an endpoint answers 404 at every path" if config.layout == "auto" else "")
+        ),
         f"  records   {config.store_path.resolve()}",
         f"            follow them: modeltap tail --store {config.store_path.resolve()}",
         f"            browse them: modeltap ui --store {config.store_path.resolve()}",

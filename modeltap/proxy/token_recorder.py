@@ -57,7 +57,7 @@ class IdRenderer:
     counter keeps only counts. Build it off the event loop; its methods block."""
 
     def __init__(self, counter: TokenCounter) -> None:
-        from modeltap.proxy.chat_template import TokenizerFiles
+        from modeltap.proxy.tokenizer_files import TokenizerFiles
 
         self._counter = counter
         self._tokenizer: Tokenizer = TokenizerFiles.load(counter.tokenizer.folder).tokenizer

@@ -2,8 +2,10 @@
 client errors into modeltap's error tree (the only place that catches them).
 
 Owns: choosing the upstream path for an endpoint (with `auto`, falling back once on a route-level
-404 and remembering the answer per format), sending, and reading or iterating the
-response with errors mapped. Does not own: header rewriting or relaying to the client (relay.py).
+404 and remembering the answer per format), knowing which formats go upstream translated through chat
+(those the layout does not serve, and under `auto` those that answered a route-level 404 on every
+path), sending, and reading or iterating the response with errors mapped. Does not own: header
+rewriting or relaying to the client (relay.py), or the translation itself (translate.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from modeltap.compat.layouts import Layout, is_route_level_404, upstream_paths
+from modeltap.compat.layouts import Layout, is_route_level_404, serves, upstream_paths
 from modeltap.dialects.base import Dialect
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
 
@@ -66,6 +68,29 @@ class Upstream:
         self._client = client
         self._has_v1 = self.base_url.endswith("/v1")
         self._chosen: dict[str, str] = {}
+        self._translated: set[str] = set()
+
+    def translates(self, dialect: Dialect) -> bool:
+        """Whether requests of this format go upstream translated through chat: the layout does not
+        serve it, or (`auto`) it answered a route-level 404 on every path."""
+        return dialect.translates and (
+            not serves(self.layout, dialect.route) or dialect.name in self._translated
+        )
+
+    def translate_from_now_on(self, dialect: Dialect) -> bool:
+        """Under `auto`, take a format the upstream does not serve at any path (send raised NotFound)
+        to be translated through chat from now on, and say so in the log, once. False when the
+        layout is fixed or the format cannot be translated."""
+        if self.layout != "auto" or not dialect.translates or dialect.name in self._translated:
+            return False
+        self._translated.add(dialect.name)
+        log.warning(
+            "upstream %s serves no %s endpoint: modeltap translates %s requests through chat from now on",
+            self.base_url,
+            dialect.route,
+            dialect.name,
+        )
+        return True
 
     def candidates(self, dialect: Dialect) -> list[str]:
         """Upstream paths to try for a format, the one that worked before first."""
@@ -113,9 +138,11 @@ class Upstream:
 
     @property
     def areal_like(self) -> bool:
-        """Whether this upstream is taken to be AReaL's proxy: `--layout areal`, or `auto` where AReaL is
-        installed (the adapter runs inside AReaL's workers)."""
-        return self.layout == "areal" or (self.layout == "auto" and self.auto_first == "areal")
+        """Whether this upstream is taken to be AReaL: `--layout areal` or `areal-gateway`, or `auto` where
+        AReaL is installed (the adapter runs inside AReaL's workers)."""
+        return self.layout in ("areal", "areal-gateway") or (
+            self.layout == "auto" and self.auto_first == "areal"
+        )
 
     @property
     def root(self) -> str:

@@ -31,11 +31,14 @@ RESPONSE_TEXT_MAX_CHARS = 16 * 1024
 @dataclass(slots=True)
 class ExchangeDraft:
     """An exchange in progress. `request` is the body as the client sent it; `sent` the body as it went
-    upstream when modeltap changed it (a clamp), else None. `response` is the final body when the
-    relay built it (an assembled stream, or modeltap's own error); `response_body` holds the bytes of a
-    non-streamed upstream response, which the store parses off the event loop. With `serve
-    --token-ids`, `token_ask` says what modeltap asked the engine for (the ids themselves come back in
-    the response), and `token_ids` holds the ids modeltap rendered where the engine returns none."""
+    upstream when modeltap changed it (a clamp, a translation), else None. `response` is the final body
+    when the relay built it (an assembled stream, a translated answer, or modeltap's own error);
+    `response_body` holds the bytes of a non-streamed upstream response, which the store parses off the
+    event loop. `translated` names the format the exchange went upstream as when modeltap translated it
+    ("chat"), and `received` holds the upstream's answer in that format; `synthesised` says the client's
+    stream was written from a JSON answer. With `serve --token-ids`, `token_ask` says what modeltap asked
+    the engine for (the ids themselves come back in the response), and `token_ids` holds the ids modeltap
+    rendered where the engine returns none."""
 
     # False until sealed, so that an Exchange built directly can tell its own construction (the
     # generated __init__ assigning each field) from a later assignment.
@@ -65,6 +68,9 @@ class ExchangeDraft:
     user_agent: str | None = None
     retry_count: int | None = None
     client_disconnected: bool = False
+    translated: str | None = None
+    received: dict[str, Any] | None = None
+    synthesised: bool = False
     token_ask: str | None = None
     token_ids: TokenIds | None = None
 

@@ -109,7 +109,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX exchanges_session ON exchanges (session_id, seq);
     CREATE TABLE blobs (hash TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
     """,
-    # 2: token ids and token-history breaks (`serve --token-ids`)
+    # 2: translation: the format an exchange went upstream as, the upstream's own answer, and whether
+    # the client's stream was made from a JSON answer
+    """
+    ALTER TABLE exchanges ADD COLUMN translated TEXT;
+    ALTER TABLE exchanges ADD COLUMN received BLOB;
+    ALTER TABLE exchanges ADD COLUMN synthesised INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 3: token ids and token-history breaks (`serve --token-ids`)
     token_store.MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -176,7 +183,7 @@ _EXCHANGE_COLUMNS = (
     "id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
     "started, first_byte, ended, model, request, sent, response, raw_sse, finish_reason, prompt_tokens, "
     "completion_tokens, tool_calls, counted_prompt_tokens, budget, error_class, error_message, user_agent, "
-    "retry_count, client_disconnected"
+    "retry_count, client_disconnected, translated, received, synthesised"
 )
 _PLACEHOLDERS = ", ".join(["?"] * (_EXCHANGE_COLUMNS.count(",") + 1))
 _INSERT_EXCHANGE = f"INSERT INTO exchanges ({_EXCHANGE_COLUMNS}) VALUES ({_PLACEHOLDERS})"
@@ -402,9 +409,14 @@ class RecordStore:
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
         response, response_text = _response(ex)
         summary = dialect.summary(request, response)
-        ids = token_store.recorded_ids(ex, dialect, request, response)
+        # A translated exchange's ids came with the upstream's own answer, in its format.
+        upstream = dialects.of_record(ex.translated or ex.endpoint)
+        answered = ex.received if ex.translated else response
+        ids = token_store.recorded_ids(ex, upstream, ex.sent if ex.translated else request, answered)
         # Served ids are stored once, as shared prefixes, and not again in every turn's body.
-        stored = without_ids(response) if ids is not None and ex.token_ids is None and response else response
+        served = ids is not None and ex.token_ids is None
+        stored = without_ids(response) if served and not ex.translated and response else response
+        received = without_ids(ex.received) if served and ex.received else ex.received
         budget = ex.budget or {}
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
         if ex.session_id is not None:
@@ -430,7 +442,7 @@ class RecordStore:
                 ex.ended,
                 _safe_text(model if isinstance(model, str) else None),
                 self._pack_request(conn, dialect, ex.session_id, request, ex.request),
-                self._pack_request(conn, dialect, None, ex.sent, b"") if ex.sent is not None else None,
+                self._pack_request(conn, upstream, None, ex.sent, b"") if ex.sent is not None else None,
                 _compress_json(stored) if stored is not None else _compress_text(response_text),
                 zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
                 _safe_text(summary.finish_reason),
@@ -444,6 +456,9 @@ class RecordStore:
                 _safe_text(ex.user_agent),
                 ex.retry_count,
                 ex.client_disconnected,
+                ex.translated,
+                _compress_json(received) if received is not None else None,
+                ex.synthesised,
             ),
         )
         self.tokens.write(conn, ex, ids, dialect, request, response, summary.finish_reason)
@@ -577,7 +592,8 @@ def _compress_text(text: str | None) -> bytes | None:
 _SUMMARY_COLUMNS = (
     "seq, id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
     "started, first_byte, ended, model, finish_reason, prompt_tokens, completion_tokens, tool_calls, "
-    "counted_prompt_tokens, budget, error_class, error_message, user_agent, retry_count, client_disconnected"
+    "counted_prompt_tokens, budget, error_class, error_message, user_agent, retry_count, "
+    "client_disconnected, translated, synthesised"
 )
 
 
@@ -647,7 +663,7 @@ class StoreReader:
     ) -> list[dict[str, Any]]:
         """Exchanges in recording order, optionally of one session and after a sequence number.
         With `bodies`, each has its `request`, `sent` and `response` rebuilt as dicts."""
-        columns = _SUMMARY_COLUMNS + (", request, sent, response" if bodies else "")
+        columns = _SUMMARY_COLUMNS + (", request, sent, response, received" if bodies else "")
         sql = f"SELECT {columns} FROM exchanges WHERE seq > ?"
         args: list[Any] = [after_seq]
         if session_id is not None:
@@ -661,7 +677,8 @@ class StoreReader:
 
     def exchange(self, exchange_id: str) -> dict[str, Any] | None:
         row = self._conn.execute(
-            f"SELECT {_SUMMARY_COLUMNS}, request, sent, response FROM exchanges WHERE id = ?", (exchange_id,)
+            f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges WHERE id = ?",
+            (exchange_id,),
         ).fetchone()
         return None if row is None else self._row(row, True)
 
@@ -708,15 +725,17 @@ class StoreReader:
         return out
 
     def _row(self, row: sqlite3.Row, bodies: bool) -> dict[str, Any]:
-        out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response")}
+        out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response", "received")}
         out["labels"] = json.loads(out["labels"])
         out["budget"] = json.loads(out["budget"]) if out["budget"] else None
         out["streamed"] = bool(out["streamed"])
         out["client_disconnected"] = bool(out["client_disconnected"])
+        out["synthesised"] = bool(out["synthesised"])
         if bodies:
             out["request"] = self._unpack_request(row["request"])
             out["sent"] = self._unpack_request(row["sent"])
             out["response"] = json.loads(zlib.decompress(row["response"])) if row["response"] else None
+            out["received"] = json.loads(zlib.decompress(row["received"])) if row["received"] else None
         return out
 
     def _unpack_request(self, packed: bytes | None) -> Any:

@@ -60,7 +60,8 @@ def turns(
 ) -> list[dict[str, Any]]:
     """A session's exchanges (from `StoreReader.exchanges(session)`, with bodies) as turns, numbered
     from 1. With `full`, each turn also carries its `request`, `sent` (the body as it went upstream
-    when the budget clamped it) and `response`. `tokens` are the session's token rows
+    when the budget clamped it or modeltap translated it), `response` and `received` (the upstream's
+    own answer to a translated request). `tokens` are the session's token rows
     (`StoreReader.token_turns(session)`)."""
     by_exchange = {row["exchange_id"]: row for row in tokens}
     numbers = {row["exchange_id"]: row["turn"] for row in tokens}
@@ -71,7 +72,7 @@ def turns(
         turn = turn_record(ex, index + 1, previous, continues + 1 if continues is not None else None)
         turn |= _token_fields(by_exchange.get(ex["id"]), numbers)
         if full:
-            turn |= {"request": ex.get("request"), "sent": ex.get("sent"), "response": ex.get("response")}
+            turn |= {key: ex.get(key) for key in ("request", "sent", "response", "received")}
         out.append(turn)
     return out
 
@@ -117,6 +118,9 @@ def turn_record(
         "user_agent": ex["user_agent"],
         "retry_count": ex["retry_count"],
         "client_disconnected": ex["client_disconnected"],
+        "translated": ex.get("translated"),
+        "synthesised": bool(ex.get("synthesised")),
+        "upstream_reply": _upstream_reply(ex),
     }
 
 
@@ -128,6 +132,14 @@ def _token_fields(row: dict[str, Any] | None, numbers: dict[str, int]) -> dict[s
     summary = {key: row[key] for key in ("source", "ask", "prompt_length", "completion_length", "shared")}
     summary["continues"] = numbers.get(row["continues"]) if row["continues"] else None
     return {"token_ids": summary, "token_drift": row["drift"]}
+
+
+def _upstream_reply(ex: dict[str, Any]) -> dict[str, Any] | None:
+    """What the upstream answered a translated request, in its own format, at a glance."""
+    if not ex.get("translated") or not isinstance(ex.get("received"), dict):
+        return None
+    summary = dialects.of_record(ex["translated"]).summary(ex.get("sent"), ex["received"])
+    return {"finish_reason": summary.finish_reason, "reply": summary.text, "tool_calls": summary.tool_calls}
 
 
 def tool_results(messages: Sequence[Any]) -> list[dict[str, Any]]:
@@ -311,6 +323,12 @@ def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
         lines.append(f"{indent}{turn['method']} {turn['path']}  model {turn['model'] or '-'}{client}{retry}")
     if turn["continues"] is not None and turn["continues"] != turn["turn"] - 1:
         lines.append(f"{indent}(continues #{turn['continues']})")
+    if turn["translated"]:
+        lines += _translation_lines(turn, indent)
+    elif turn["synthesised"]:
+        lines.append(
+            f"{indent}the upstream answered JSON; modeltap wrote the {turn['endpoint']} stream from it"
+        )
     for message in turn["new_messages"]:
         role, text = _describe(message)
         lines += _wrapped(f"{indent}+ {role:<{_ROLE_WIDTH}} ", text, width)
@@ -368,13 +386,29 @@ def _window_text(side: dict[str, Any], position: int) -> str:
     return " ".join(shown)
 
 
+def _translation_lines(turn: dict[str, Any], indent: str) -> list[str]:
+    """How a translated turn went: the format it went upstream as, and what the upstream said in it."""
+    how = "streamed" if turn["streamed"] and not turn["synthesised"] else "whole"
+    lines = [
+        f"{indent}translated: sent upstream as {turn['translated']}, answered {how} as {turn['endpoint']}"
+    ]
+    reply = turn["upstream_reply"]
+    if reply is not None:
+        said = ", ".join(_call_text(call) for call in reply["tool_calls"]) or repr(
+            _short(reply["reply"] or "")
+        )
+        lines.append(f"{indent}upstream {turn['translated']} reply: {reply['finish_reason'] or '-'}  {said}")
+    return lines
+
+
 def _headline(turn: dict[str, Any]) -> str:
     """Endpoint, status, timing, tokens and finish reason of a turn; its tool calls or error on tail."""
     timing = _duration(turn["latency_ms"])
     if turn["streamed"]:
         timing += f" (first byte {_duration(turn['ttfb_ms'])})"
+    via = f" via {turn['translated']}" if turn["translated"] else ""
     parts = [
-        (turn["endpoint"] or turn["path"]) + (" (stream)" if turn["streamed"] else ""),
+        (turn["endpoint"] or turn["path"]) + via + (" (stream)" if turn["streamed"] else ""),
         str(turn["status"] or "-"),
         timing,
     ]

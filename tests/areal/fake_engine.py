@@ -26,8 +26,9 @@ from typing import Any
 from areal.api.engine_api import InferenceEngine
 from areal.api.io_struct import ModelRequest, ModelResponse
 
-# opencode's shell tool is `bash`, Claude Code's is `Bash` (docs/agents.md §3.5, §4.3).
-BASH_LIKE_TOOL_NAMES = frozenset({"bash", "shell", "run_shell_command"})
+# opencode's shell tool is `bash`, Claude Code's is `Bash`, Codex's `exec_command`, whose command
+# argument is `cmd` (docs/agents.md §3.5, §4.3, §6.4).
+BASH_LIKE_TOOL_NAMES = frozenset({"bash", "shell", "run_shell_command", "exec_command"})
 TOOL_COMMAND = "echo $((6 * 7))"
 TOOL_RESULT_ANSWER = "42"
 ECHO_PREFIX = "Echo: "
@@ -66,8 +67,10 @@ def _bash_tool(prompt_text: str) -> dict[str, Any] | None:
     if block is None:
         return None
     for line in block.group(1).splitlines():
-        function = json.loads(line).get("function", {})
-        if function.get("name", "").lower() in BASH_LIKE_TOOL_NAMES:
+        tool = json.loads(line)
+        # Chat tools nest the function; Responses tools (AReaL's /responses renders them as sent) are flat.
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if str(function.get("name", "")).lower() in BASH_LIKE_TOOL_NAMES:
             return function
     return None
 
@@ -78,8 +81,11 @@ def scripted_reply(prompt_text: str) -> str:
         return TOOL_RESULT_ANSWER
     tool = _bash_tool(prompt_text)
     if tool is not None:
-        arguments = {"command": TOOL_COMMAND}
-        if "description" in tool.get("parameters", {}).get("properties", {}):
+        properties = tool.get("parameters", {}).get("properties", {})
+        arguments = {
+            "cmd" if "cmd" in properties and "command" not in properties else "command": TOOL_COMMAND
+        }
+        if "description" in properties:
             arguments["description"] = "Compute six times seven"
         call = {"name": tool["name"], "arguments": arguments}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"

@@ -28,7 +28,7 @@ from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.proxy.sessions import Session
 from modeltap.records.store import StoreReader
-from tests.agents import arun_claude, arun_opencode
+from tests.agents import arun_agent, arun_claude, arun_opencode, codex_command
 
 QUESTION = "What is six times seven? Use the shell."
 
@@ -208,6 +208,32 @@ async def test_claude_code_trains_through_modeltap_one_interaction_per_model_cal
     recorded_turn = next(m for m in records[1]["request"]["messages"] if m["role"] == "assistant")
     assert sent_turn["content"][0] == {"type": "text", "text": ""}
     assert [b["type"] for b in recorded_turn["content"]] == ["tool_use"]
+    assert len(exported) == 2
+    assert_records_match(exported, records, 1.0)
+
+
+async def test_codex_trains_through_modeltap_on_areals_responses(
+    areal_server: ArealProxyServer, modeltap: Proxy, tmp_path: Path
+) -> None:
+    """AReaL 1.0.4's /responses answers a Response JSON even to `stream: true`, and Codex reads only
+    streams (docs/agents.md §6.5): modeltap writes the Responses stream from AReaL's answer (and leaves
+    out the `include` and non-function tools AReaL refuses: compat.areal), so Codex completes its task,
+    and AReaL trains on exactly what modeltap recorded."""
+    episode = await open_episode(areal_server, modeltap, "codex")
+
+    run = await arun_agent(codex_command, episode.tap.host_base_url + "/v1", "unused", tmp_path / "project")
+    if run.exit_code != 0 or run.final_text != "42":  # say what AReaL answered (no interaction to reward)
+        await modeltap.stop()
+        with StoreReader(modeltap.config.store_path) as reader:
+            said = [(r["status"], r["error_message"]) for r in reader.exchanges(session_id=episode.tap.id)]
+        pytest.fail(f"modeltap recorded {said}\n{run.describe()}")
+    exported, records = await finish_episode(areal_server, modeltap, episode, 1.0)
+
+    assert [(r["endpoint"], r["streamed"], r["synthesised"]) for r in records] == [
+        ("responses", True, True)
+    ] * 2
+    assert all(r["upstream_url"] == areal_server.base_url + "/responses" for r in records)
+    assert records[0]["tool_calls"] == 1 and records[1]["finish_reason"] == "completed"
     assert len(exported) == 2
     assert_records_match(exported, records, 1.0)
 

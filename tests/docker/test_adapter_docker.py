@@ -42,6 +42,7 @@ checks = [{exact = "x"}]
 def bundle(tmp_path: Path, node_modules: Path, hostroot_image: str) -> Path:
     """examples/bundle.toml, with its npm mount made absolute, plus a task whose agent crashes."""
     text = EXAMPLE.read_text().replace('"../.cache/npm/node_modules"', f'"{node_modules}"')
+    text = text.replace('"../.venv-mini/', f'"{ROOT}/.venv-mini/')
     path = tmp_path / "bundle.toml"
     path.write_text(text + CRASHING_TASK)
     return path
@@ -130,6 +131,23 @@ async def test_agent_override_plays_claude_code_through_the_anthropic_route(
     # Claude Code appends /v1/messages?beta=true to the session URL; AReaL serves it at /v1/messages.
     assert {(row["endpoint"], row["labels"]["agent"]) for row in exchanges} == {("messages", "claude")}
     assert {row["upstream_url"] for row in exchanges} == {f"{areal.url}/v1/messages?beta=true"}
+
+
+@pytest.mark.parametrize(("agent", "endpoint"), [("codex", "responses"), ("qwen", "chat"), ("mini", "chat")])
+async def test_agent_override_plays_each_agent_in_docker(
+    areal: ArealStandIn, kwargs: dict[str, Any], tmp_path: Path, agent: str, endpoint: str
+) -> None:
+    rows = [{"task_id": "shell-smoke"}]
+    samples = await run_samples(areal.url, areal.admin_key, WORKFLOW, kwargs | {"agent": agent}, rows)
+    assert [s.reward for s in samples] == [1.0], [s.error for s in samples]
+    with StoreReader(tmp_path / "r.db") as reader:
+        exchanges = reader.exchanges(bodies=False)
+    assert {(row["endpoint"], row["labels"]["agent"], row["status"]) for row in exchanges} == {
+        (endpoint, agent, 200)
+    }
+    assert len(exchanges) == 2
+    # AReaL 1.0's /responses answers JSON; Codex got the stream modeltap wrote from it.
+    assert {row["synthesised"] for row in exchanges} == {agent == "codex"}
 
 
 async def test_the_example_bundle_prepares_as_it_ships(hostroot_image: str, node_modules: Path) -> None:

@@ -15,6 +15,10 @@ garbage collection (and so the 410 answers) is left out.
     with ArealStandIn(engine_max_tokens=256) as areal:
         session = areal.open_session("t0")     # what grant_capacity + rl/start_session would do
         openai.OpenAI(base_url=areal.url, api_key=session.api_key).chat.completions.create(...)
+
+`ArealStandIn(gateway=True)` plays AReaL 2.0's inference-service gateway instead (docs/areal.md §9):
+chat at `/chat/completions` and `/v1/chat/completions`, models at `/models` and `/v1/models` (admin
+key), the session and export routes, session keys as Bearer only, and no messages or responses.
 """
 
 from __future__ import annotations
@@ -441,6 +445,8 @@ async def _responses(request: web.Request, state: ArealState) -> web.StreamRespo
     session = state.session_for_key(_token(request))
     body = _require_fields(body, ["input", "model"])
     prompt_tokens = approx_tokens(body.get("instructions"), body.get("input"), body.get("tools"))
+    if body.get("include"):  # before the interaction is recorded, as in ArealOpenAI (docs/areal.md §1.1.9)
+        raise ArealError(500, "NotImplementedError: include is not supported yet")
     state.check_prompt(prompt_tokens, "engine_max_tokens")
     interaction = session.record("responses", body, hex_id("resp-", 32))
     if body.get("tools") is None:
@@ -561,6 +567,44 @@ ROUTES = [
 ]
 
 
+def _bearer_only(handler: Any) -> Any:
+    """The gateway reads only `Authorization: Bearer` and answers anything else with a plain 401
+    (docs/areal.md §1.2, the same forwarder)."""
+
+    async def run(request: web.Request, state: ArealState) -> web.StreamResponse:
+        if not request.headers.get("authorization", "").lower().startswith("bearer "):
+            return web.Response(status=401, text="Invalid session key")
+        return await handler(request, state)
+
+    return run
+
+
+async def _models(request: web.Request, state: ArealState) -> web.StreamResponse:
+    state.check_admin(_token(request))
+    card = {"id": "default", "object": "model", "created": 0, "owned_by": "areal"}
+    return server.json_response({"object": "list", "data": [card]})
+
+
+GATEWAY_MODEL_PATHS = frozenset({"/chat/completions", "/v1/chat/completions"})
+GATEWAY_DIALECT = Dialect(
+    name="areal-gateway",
+    model_paths=GATEWAY_MODEL_PATHS,
+    route_error=fastapi_route_error,
+    fault_error=_fault_error,
+    broken_sse=openai_wire.BROKEN_SSE,
+)
+GATEWAY_ROUTES = [
+    web.get("/health", _route(_health)),
+    web.post("/rl/start_session", _route(_start_session)),
+    web.post("/rl/set_reward", _route(_set_reward)),
+    web.post("/export_trajectories", _route(_export_trajectories)),
+    web.post("/chat/completions", _route(_bearer_only(_chat_completions))),
+    web.post("/v1/chat/completions", _route(_bearer_only(_chat_completions))),
+    web.get("/models", _route(_models)),
+    web.get("/v1/models", _route(_models)),
+]
+
+
 class ArealStandIn(StandIn):
     """The AReaL stand-in, served from its own thread; see the module docstring."""
 
@@ -570,9 +614,15 @@ class ArealStandIn(StandIn):
         admin_key: str = DEFAULT_ADMIN_KEY,
         engine_max_tokens: int | None = None,
         script: Script = shell_arithmetic,
+        gateway: bool = False,
     ) -> None:
         self.state = ArealState(admin_key, engine_max_tokens, script)
-        super().__init__(build_app(self.state))
+        if gateway:
+            app = server.build_app(GATEWAY_DIALECT, GATEWAY_ROUTES)
+            app[AREAL] = self.state
+        else:
+            app = build_app(self.state)
+        super().__init__(app)
 
     @property
     def admin_key(self) -> str:

@@ -1,6 +1,7 @@
 """Stand-in for an OpenAI-compatible inference server (vLLM or SGLang), with the scripted model behind it.
 
-Owns: the `/v1` layout (chat/completions, completions, responses, embeddings, models), `GET /v1/models`
+Owns: the `/v1` layout (chat/completions, completions, responses unless `chat_only`, embeddings,
+models), `GET /v1/models`
 with `max_model_len`, each flavour's context checks and error body (vLLM nested, SGLang flat:
 docs/token-budgets.md §1.1, §1.4, §2.1, §2.3), vLLM's `model_not_found`-style 404, and
 OpenAI SSE as the agents accepted it (docs/agents.md §2.1): a role chunk, the text or the tool-call
@@ -60,6 +61,8 @@ class OpenAILikeConfig:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
     api_key: str | None = None
     script: Script = shell_arithmetic
+    # A deployment that serves chat but not the Responses API (many vLLM and SGLang ones do not).
+    chat_only: bool = False
 
 
 class OpenAIError(BackendError):
@@ -406,23 +409,22 @@ def build_app(config: OpenAILikeConfig) -> web.Application:
     """The vLLM / SGLang stand-in app for `config`."""
     dialect = Dialect(
         name=config.flavor,
-        model_paths=MODEL_PATHS,
+        model_paths=MODEL_PATHS - {"/v1/responses"} if config.chat_only else MODEL_PATHS,
         route_error=fastapi_route_error,
         fault_error=_fault_error(config.flavor),
         broken_sse=openai_wire.BROKEN_SSE,
     )
-    app = server.build_app(
-        dialect,
-        [
-            web.post("/v1/chat/completions", _route(_chat_completions)),
-            web.post("/v1/completions", _route(_completions)),
-            web.post("/v1/responses", _route(_responses)),
-            web.post("/v1/embeddings", _route(_embeddings)),
-            web.get("/v1/models", _route(_models)),
-            web.get("/health", _route(_health)),
-            web.get("/version" if config.flavor == "vllm" else "/server_info", _route(_version)),
-        ],
-    )
+    routes = [
+        web.post("/v1/chat/completions", _route(_chat_completions)),
+        web.post("/v1/completions", _route(_completions)),
+        web.post("/v1/embeddings", _route(_embeddings)),
+        web.get("/v1/models", _route(_models)),
+        web.get("/health", _route(_health)),
+        web.get("/version" if config.flavor == "vllm" else "/server_info", _route(_version)),
+    ]
+    if not config.chat_only:
+        routes.append(web.post("/v1/responses", _route(_responses)))
+    app = server.build_app(dialect, routes)
     app[CONFIG] = config
     return app
 
@@ -438,8 +440,9 @@ class OpenAILikeStandIn(StandIn):
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
         api_key: str | None = None,
         script: Script = shell_arithmetic,
+        chat_only: bool = False,
     ) -> None:
-        self.config = OpenAILikeConfig(flavor, model, max_model_len, api_key, script)
+        self.config = OpenAILikeConfig(flavor, model, max_model_len, api_key, script, chat_only)
         super().__init__(build_app(self.config))
 
     @property

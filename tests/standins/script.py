@@ -5,8 +5,9 @@ Anthropic Messages) into one `Conversation`, and deciding the `Reply`. Does not 
 encoded on the wire (openai_wire.py, anthropic_wire.py and the backend modules) or HTTP (server.py).
 
 The default script is the one the agent CLIs were measured against (docs/agents.md §0): a conversation
-that already holds a tool result gets the text "42"; one that offers a bash-like tool gets a call to it
-running `echo $((6 * 7))`; anything else (an agent's title request) gets "Shell arithmetic check".
+that already holds a tool result gets the text "42" (or, when its task names mini-swe-agent's submit
+marker, a shell call that submits 42: docs/agents.md §8.3); one that offers a bash-like tool gets a call
+to it running `echo $((6 * 7))`; anything else (an agent's title request) gets "Shell arithmetic check".
 
     >>> shell_arithmetic(chat_conversation({"messages": [{"role": "user", "content": "hi"}]})).text
     'Shell arithmetic check'
@@ -23,8 +24,13 @@ TOOL_COMMAND = "echo $((6 * 7))"
 TOOL_DESCRIPTION = "Print the result of 6 * 7"
 FINAL_ANSWER = "42"
 TITLE = "Shell arithmetic check"
-# The agents' shell tools: opencode "bash", Claude Code "Bash" (docs/agents.md §3.5, §4.3).
-BASH_LIKE_TOOLS = frozenset({"bash", "shell"})
+# The agents' shell tools: opencode and mini-swe-agent "bash", Claude Code "Bash", Qwen Code
+# "run_shell_command", Codex "exec_command", whose command argument is `cmd` (docs/agents.md §0, §3.5,
+# §4.3, §6.4, §7.4, §8.4).
+BASH_LIKE_TOOLS = frozenset({"bash", "shell", "run_shell_command", "exec_command"})
+# mini-swe-agent ends a run when a command's first output line is this marker; the rest is the
+# answer (docs/agents.md §8.3).
+SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 # The stand-ins have no tokenizer: a token is counted as 4 bytes of compact JSON, the usual rule of thumb
 # for English text. Only consistency matters: the same count is reported in `usage` and compared with
 # the stand-in's context limit, so a test can compute what a stand-in will say.
@@ -69,16 +75,19 @@ Script = Callable[[Conversation], Reply]
 
 
 def shell_arithmetic(conversation: Conversation) -> Reply:
-    """The default script: tool result -> "42"; bash-like tool offered -> call it; else the title."""
-    if conversation.tool_results:
+    """The default script: tool result -> "42" (submitted through the shell when the task names the
+    submit marker); bash-like tool offered -> call it; else the title."""
+    if conversation.tool_results and SUBMIT_MARKER not in conversation.last_user_text:
         return Reply(text=FINAL_ANSWER)
+    command = f"echo {SUBMIT_MARKER}; echo {FINAL_ANSWER}" if conversation.tool_results else TOOL_COMMAND
     for name, schema in conversation.tools.items():
         if name.lower() in BASH_LIKE_TOOLS:
-            arguments = {"command": TOOL_COMMAND}
-            if "description" in schema.get("properties", {}):
+            properties = schema.get("properties", {})
+            arguments = {"cmd" if "cmd" in properties and "command" not in properties else "command": command}
+            if "description" in properties:
                 arguments["description"] = TOOL_DESCRIPTION
             return Reply(tool_call=ToolCall(name=name, arguments=arguments))
-    return Reply(text=TITLE)
+    return Reply(text=FINAL_ANSWER if conversation.tool_results else TITLE)
 
 
 def approx_tokens(*parts: Any) -> int:

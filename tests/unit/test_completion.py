@@ -77,7 +77,8 @@ def test_zsh_describes_commands_and_gives_each_flag_its_help_and_choices(tmp_pat
     # A help text with a colon or a quote is escaped, not cut: it arrives whole.
     serve = zsh_complete(tmp_path, "serve", "--")
     assert "--host[address to listen on (default 0.0.0.0\\: all interfaces, so containers reach it)]" in serve
-    assert "--layout[the upstream's path layout (default auto)]:layout:(areal openai auto)" in serve
+    layouts = "(areal areal-gateway openai chat-only auto)"
+    assert f"--layout[the upstream's path layout (default auto)]:layout:{layouts}" in serve
     assert zsh_complete(tmp_path, "completion", "").rstrip().endswith("1:value:(bash zsh)")
 
 

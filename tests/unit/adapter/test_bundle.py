@@ -99,7 +99,8 @@ ERRORS = [
     (MINIMAL + 'answer = "json"\n', r"unknown key\(s\) answer"),
     (
         MINIMAL.replace('command = ["sh"', 'answer = "json"\ncommand = ["sh"'),
-        r"\[agents\.sh\] has answer = 'json'; use one of stdout, opencode-json, claude-json or \{file",
+        r"\[agents\.sh\] has answer = 'json'; use one of stdout, opencode-json, claude-json, codex-json, "
+        r"qwen-json or \{file",
     ),
     (
         MINIMAL.replace('command = ["sh"', 'mounts = {m = {source = "/x", target = "rel"}}\ncommand = ["sh"'),

@@ -169,6 +169,8 @@ async def test_a_run_past_its_limit_fails_and_leaves_no_process(tmp_path: Path) 
         ('{file = "answer.txt"}', '["echo", "42"]'),  # the file was never written
         ('"claude-json"', '["echo", "not json"]'),
         ('"opencode-json"', """["echo", '{"type":"step_start"}']"""),
+        ('"codex-json"', """["echo", '{"type":"turn.failed"}']"""),
+        ('"qwen-json"', """["echo", '[{"type":"system"}]']"""),
     ],
 )
 async def test_a_missing_answer_is_unscored_not_a_zero(tmp_path: Path, answer: str, command: str) -> None:
@@ -199,9 +201,24 @@ OPENCODE_EVENTS = [
 ]
 
 
+CODEX_EVENTS = [
+    {"type": "thread.started"},
+    {"type": "item.completed", "item": {"type": "command_execution", "aggregated_output": "42\n"}},
+    {"type": "item.completed", "item": {"type": "agent_message", "text": "42"}},
+    {"type": "turn.completed", "usage": {}},
+]
+QWEN_OUTPUT = [
+    {"type": "system"},
+    {"type": "assistant"},
+    {"type": "result", "result": "42", "is_error": False},
+]
+
+
 async def test_answers_are_read_from_opencode_events_claude_json_and_files(tmp_path: Path) -> None:
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in OPENCODE_EVENTS))
     (tmp_path / "claude.json").write_text(json.dumps({"type": "result", "result": " 42\n"}))
+    (tmp_path / "codex.jsonl").write_text("".join(json.dumps(e) + "\n" for e in CODEX_EVENTS))
+    (tmp_path / "qwen.json").write_text(json.dumps(QWEN_OUTPUT))
     bundle = bundle_of(
         tmp_path,
         f"""
@@ -211,6 +228,12 @@ async def test_answers_are_read_from_opencode_events_claude_json_and_files(tmp_p
         [agents.claude]
         command = ["cat", "{tmp_path}/claude.json"]
         answer = "claude-json"
+        [agents.codex]
+        command = ["cat", "{tmp_path}/codex.jsonl"]
+        answer = "codex-json"
+        [agents.qwen]
+        command = ["cat", "{tmp_path}/qwen.json"]
+        answer = "qwen-json"
         [agents.writer]
         command = ["sh", "-c", "echo ignored; echo 42 > out/answer.txt", "x"]
         answer = {{file = "out/answer.txt"}}
@@ -224,9 +247,19 @@ async def test_answers_are_read_from_opencode_events_claude_json_and_files(tmp_p
         prompt = "p"
         solver = "claude"
         checks = [{{exact = "42"}}]
+        [[tasks]]
+        id = "codex"
+        prompt = "p"
+        solver = "codex"
+        checks = [{{exact = "42"}}]
+        [[tasks]]
+        id = "qwen"
+        prompt = "p"
+        solver = "qwen"
+        checks = [{{exact = "42"}}]
         """,
     )
-    for task_id in ("opencode", "claude"):
+    for task_id in ("opencode", "claude", "codex", "qwen"):
         assert (await play(plan_for(bundle, task_id), LocalProvider())).answer == "42"
 
 

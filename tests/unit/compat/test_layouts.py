@@ -15,6 +15,7 @@ from modeltap.compat.layouts import (
     classify,
     is_context_overflow,
     is_route_level_404,
+    overflow_tokens,
     parse_error,
     upstream_paths,
 )
@@ -30,6 +31,16 @@ from modeltap.compat.layouts import (
         ("auto", "chat/completions", False, ["/v1/chat/completions", "/chat/completions"]),
         ("openai", "chat/completions", True, ["/chat/completions"]),
         ("areal", "messages", True, ["/messages"]),
+        ("areal-gateway", "chat/completions", False, ["/v1/chat/completions"]),
+        ("areal-gateway", "models", False, ["/v1/models"]),
+        ("areal-gateway", "messages", False, []),
+        ("areal-gateway", "responses", False, []),
+        ("areal-gateway", "embeddings", False, []),
+        ("chat-only", "chat/completions", False, ["/v1/chat/completions"]),
+        ("chat-only", "embeddings", False, ["/v1/embeddings"]),
+        ("chat-only", "messages", False, []),
+        ("chat-only", "messages/count_tokens", True, []),
+        ("chat-only", "responses", True, []),
     ],
 )
 def test_upstream_paths(layout, route, base_has_v1, expected):
@@ -407,3 +418,27 @@ def test_gateway_plain_text_502_is_an_upstream_error():
 def test_overflow_detection_ignores_case():
     assert is_context_overflow(ErrorInfo(400, "PROMPT IS TOO LONG: 5 tokens > 4 maximum", None, None))
     assert not is_context_overflow(ErrorInfo(400, "prompt is fine", None, None))
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in "
+            "the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+            (4000, 4096),
+        ),
+        (
+            "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 "
+            "tokens. Please reduce the length of the messages.",
+            (9000, 8192),
+        ),
+        ("The input (5000 tokens) is longer than the model's context length (4096 tokens).", (5000, 4096)),
+        ("Streaming setup failed: 500: len of prompt tokens 609 exceeds max_total_tokens 256", (609, 256)),
+        ("len of prompt tokens 70 exceeds engine_max_tokens 64", (70, 64)),
+        ("prompt is too long: 210000 tokens > 200000 maximum", (210000, 200000)),
+        ("exceeds the maximum allowed length", None),
+    ],
+)
+def test_overflow_tokens_reads_the_numbers_each_wording_states(message, expected):
+    assert overflow_tokens(message) == expected

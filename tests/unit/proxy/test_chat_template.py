@@ -34,7 +34,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import chat_template_utils
 
 from modeltap.proxy import chat_template
-from modeltap.proxy.chat_template import ChatTemplate, TokenizerFiles
+from modeltap.proxy.chat_template import ChatTemplate
+from modeltap.proxy.tokenizer_files import TokenizerFiles
 from tests.factories import qwen_folder
 
 # Hypothesis budgets: enough generated conversations per template to cover tools, tool calls, reasoning,
@@ -902,7 +903,7 @@ def test_template_kwargs_override_special_tokens() -> None:
 def test_loading_and_rendering_never_imports_transformers(qwen_dir: str) -> None:
     code = (
         "import sys\n"
-        "from modeltap.proxy.chat_template import TokenizerFiles\n"
+        "from modeltap.proxy.tokenizer_files import TokenizerFiles\n"
         "files = TokenizerFiles.load(sys.argv[1])\n"
         "text = files.template.render([{'role': 'user', 'content': 'hi'}])\n"
         "files.tokenizer.encode(text, add_special_tokens=False)\n"

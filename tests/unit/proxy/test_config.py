@@ -31,7 +31,7 @@ def test_secrets_stay_out_of_the_repr() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"layout": "v2"}, "layout must be one of areal, openai, auto"),
+        ({"layout": "v2"}, "layout must be one of areal, areal-gateway, openai, chat-only, auto"),
         ({"budget": "truncate"}, "budget must be one of clamp, reject, off"),
         ({"upstream": "ftp://x"}, "upstream must be an http"),
         ({"port": 70000}, "port must be 0..65535"),

@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer, make_mocked_request
 
 from modeltap import dialects
+from modeltap.dialects.sse import StreamAssembler
 from modeltap.proxy import relay
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
@@ -120,7 +121,7 @@ async def test_an_unexpected_exception_is_a_500_in_the_clients_shape_and_recorde
 async def test_an_exception_mid_stream_cuts_the_stream_and_records_what_was_said(
     proxy: Proxy, store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_feed = relay.StreamAssembler.feed
+    real_feed = StreamAssembler.feed
     fed: list[bytes] = []
 
     def feed_then_break(self: Any, chunk: bytes) -> None:
@@ -129,7 +130,7 @@ async def test_an_exception_mid_stream_cuts_the_stream_and_records_what_was_said
         if len(fed) == 2:
             raise RuntimeError("a bug after two chunks")
 
-    monkeypatch.setattr(relay.StreamAssembler, "feed", feed_then_break)
+    monkeypatch.setattr(StreamAssembler, "feed", feed_then_break)
     async with aiohttp.ClientSession() as http:
         async with http.post(
             proxy.host_base_url + "/v1/chat/completions", json={**ASK, "stream": True}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -120,3 +121,41 @@ async def test_auto_tries_the_bare_path_first_where_areal_is_installed(served: t
         reply = await Upstream(base, "auto", client, auto_first="areal").send(CHAT, "POST", "", {}, b"{}")
         reply.response.release()
     assert log == ["/chat/completions"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "translated"),
+    [
+        ("areal", []),
+        ("openai", []),
+        ("auto", []),
+        ("areal-gateway", ["responses", "messages"]),
+        ("chat-only", ["responses", "messages"]),
+    ],
+)
+async def test_a_layout_says_which_formats_go_upstream_as_chat(layout: str, translated: list[str]) -> None:
+    async with aiohttp.ClientSession() as client:
+        upstream = Upstream("http://127.0.0.1:1", layout, client)  # type: ignore[arg-type]
+        assert [d.name for d in dialects.DIALECTS if upstream.translates(d)] == translated
+
+
+async def test_auto_translates_a_format_served_nowhere_from_then_on_and_says_so_once(
+    served: tuple[str, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    base, _ = served
+    messages, models = dialects.named("messages"), dialects.named("models")
+    async with aiohttp.ClientSession() as client:
+        upstream = Upstream(base, "auto", client)
+        assert not upstream.translates(messages)
+        with caplog.at_level(logging.WARNING, logger="modeltap.proxy.upstream"):
+            assert upstream.translate_from_now_on(messages)
+            assert not upstream.translate_from_now_on(messages)
+        assert upstream.translates(messages)
+        assert not upstream.translate_from_now_on(models)  # models cannot go as chat
+        fixed = Upstream(base, "openai", client)
+        assert not fixed.translate_from_now_on(messages)  # a fixed layout says what it serves
+    said = [r.getMessage() for r in caplog.records if "translates" in r.getMessage()]
+    assert said == [
+        f"upstream {base} serves no messages endpoint: "
+        "modeltap translates messages requests through chat from now on"
+    ]

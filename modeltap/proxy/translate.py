@@ -1,0 +1,289 @@
+"""Translation plumbing, and streams made for clients that asked for one.
+
+Owns: one exchange translated through OpenAI chat (`Translation`: the chat request, the client's answer
+from a chat answer, streamed or not, and a chat upstream's error in the client's shape); the stream
+taps the relay writes through (`Untouched` for a stream relayed as it arrives, `TranslatedStream` for
+one translated chunk by chunk: neither buffers); the stream a client that asked for one gets when the
+upstream answered JSON (`synthesised`); and the conversations of translated Responses kept for a later
+`previous_response_id` (`ResponseChains`), since a chat upstream keeps none. Does not own: what each
+format's conversion is (its dialect, modeltap.dialects), which formats an upstream lacks
+(upstream.py), or HTTP (relay.py).
+
+No aiohttp here: plain classes over bytes and dicts.
+
+    translation = Translation.start(dialects.named("messages"), body, chains, "s-1")
+    translation.chat_body                   # what goes upstream, to its chat route
+    stream = translation.stream()           # per upstream chunk: client_bytes = stream.relay(chunk)
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from modeltap import dialects
+from modeltap.compat.layouts import ErrorInfo, parse_error
+from modeltap.dialects.base import Dialect
+from modeltap.dialects.openai_chat import chunks
+from modeltap.dialects.sse import Assembled, StreamAssembler
+from modeltap.proxy.errors import BadRequest
+
+CHAT = dialects.named("chat")
+# Translated Responses whose conversation modeltap keeps for a later `previous_response_id`, newest
+# kept, across sessions. Each holds its chat messages (an agent's transcript, up to a few MB); Codex
+# sends `store: false` and is never kept (docs/agents.md §6.4).
+CHAINS_MAX = 1024
+
+
+class StreamTap(Protocol):
+    """How the relay writes an upstream stream to the client: `relay(chunk)` gives the bytes to write
+    for an upstream chunk, `keep(chunk)` takes a copy once it was written, `end()` the bytes to write
+    once the upstream stream has ended, `result()` what the client's stream amounted to."""
+
+    def relay(self, chunk: bytes) -> bytes: ...
+
+    def keep(self, chunk: bytes) -> None: ...
+
+    def end(self) -> bytes: ...
+
+    def result(self) -> Assembled: ...
+
+    @property
+    def complete(self) -> bool:
+        """Whether the client has had the stream's terminal event."""
+        ...
+
+    @property
+    def received(self) -> dict[str, Any] | None:
+        """The upstream's answer, when it differs from what the client got."""
+        ...
+
+
+class Untouched:
+    """A stream relayed exactly as it arrives; the copy of each chunk is assembled after it was written."""
+
+    received = None
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._assembler = StreamAssembler(dialect)
+
+    def relay(self, chunk: bytes) -> bytes:
+        return chunk
+
+    def keep(self, chunk: bytes) -> None:
+        self._assembler.feed(chunk)
+
+    def end(self) -> bytes:
+        return b""
+
+    def result(self) -> Assembled:
+        return self._assembler.result()
+
+    @property
+    def complete(self) -> bool:
+        return self._assembler.complete
+
+
+class TranslatedStream:
+    """A chat upstream stream written to the client in its own format, each chunk's events as soon as
+    the chunk arrives. The chat stream is assembled for the record (`received`); what the client got
+    is rebuilt from it once, at the end (`result`), through the same translator, rather than assembled
+    event by event."""
+
+    def __init__(self, client: Dialect, request: dict[str, Any]) -> None:
+        self._client = client
+        self._request = request
+        self._translator = client.chat_translator(request)
+        self._upstream = StreamAssembler(CHAT, on_event=self._take)
+        self._out: list[bytes] = []
+        self._events = 0
+        self._ended = False
+        self._complete = False
+
+    def relay(self, chunk: bytes) -> bytes:
+        self._upstream.feed(chunk)
+        return self._flush()
+
+    def keep(self, chunk: bytes) -> None:
+        """Nothing: the record is rebuilt from the chat stream (`result`)."""
+
+    def end(self) -> bytes:
+        """The closing events, when the chat stream ended without `[DONE]` but after its finish."""
+        self._finish()
+        return self._flush()
+
+    def result(self) -> Assembled:
+        upstream = self._upstream.result()
+        error = upstream.error if upstream.error is not None or self._complete else _cut_short(self._client)
+        body = answer_from_chat(self._client, self._request, upstream.body) if upstream.body else None
+        return Assembled(body, self._events, self._complete, error)
+
+    @property
+    def complete(self) -> bool:
+        return self._complete
+
+    @property
+    def received(self) -> dict[str, Any] | None:
+        """The chat stream as it arrived, assembled (ends the upstream's side: ask once it has ended)."""
+        return self._upstream.result().body
+
+    def _take(self, chunk: dict[str, Any] | None) -> None:
+        if chunk is None:
+            self._finish()
+        else:
+            self._write(self._translator.feed(chunk))
+
+    def _finish(self) -> None:
+        if not self._ended:
+            self._ended = True
+            closing = self._translator.end()
+            self._complete = bool(closing)
+            self._write(closing)
+
+    def _write(self, events: list[dict[str, Any]]) -> None:
+        self._out.extend(self._client.event_bytes(event) for event in events)
+        self._events += len(events)
+
+    def _flush(self) -> bytes:
+        out = b"".join(self._out)
+        self._out.clear()
+        return out
+
+
+def answer_from_chat(client: Dialect, request: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any] | None:
+    """The client's answer to a chat completion (whole, or as much of one as a cut stream carried):
+    written through the client's translator, then assembled, so a whole answer and a streamed one say
+    the same."""
+    assembler = client.assembler()
+    for event in _chat_events(client, request, chat):
+        assembler.add(event)
+    return assembler.body()
+
+
+def _chat_events(client: Dialect, request: dict[str, Any], chat: dict[str, Any]) -> list[dict[str, Any]]:
+    translator = client.chat_translator(request)
+    events = [event for chunk in chunks(chat, include_usage=True) for event in translator.feed(chunk)]
+    return events + translator.end()
+
+
+def _cut_short(client: Dialect) -> str:
+    return f"the upstream's chat stream ended before its finish reason: no {client.assembler().END} written"
+
+
+class Translation:
+    """One exchange of a format the upstream does not serve, sent to it as OpenAI chat.
+
+    Build it with `start`; `chat_body` is what goes upstream (the budget may lower its completion cap:
+    assign the clamped body back). Then, by what the upstream answered: `error` for an error status,
+    `stream()` for a chat stream, `reply` or `events` for a chat JSON body (`events` when the client
+    asked for a stream), and `remember` once it succeeded.
+    """
+
+    def __init__(
+        self, client: Dialect, request: dict[str, Any], earlier: list[dict[str, Any]] | None
+    ) -> None:
+        self.client = client
+        self.request = request
+        try:
+            self.chat_body: dict[str, Any] = client.chat_request(request, earlier)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise BadRequest(f"this {client.name} request cannot be translated to chat: {exc}") from None
+
+    @classmethod
+    def start(
+        cls, client: Dialect, request: dict[str, Any], chains: ResponseChains, session: str | None
+    ) -> Translation:
+        """The translation of `request`; a request continuing a response modeltap does not keep is
+        refused (400), in the client's shape."""
+        previous = client.previous_id(request)
+        earlier = chains.get(session, previous) if previous is not None else None
+        if previous is not None and earlier is None:
+            raise BadRequest(
+                f"previous_response_id {previous!r} names no response modeltap keeps for this session: the "
+                "upstream serves no Responses API, and modeltap keeps only translated responses stored "
+                f"(`store` not false), the last {chains.limit}",
+            )
+        return cls(client, request, earlier)
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the client asked for a stream."""
+        return self.request.get("stream") is True
+
+    def error(self, status: int, raw: bytes) -> tuple[int, bytes, ErrorInfo]:
+        """(status, body, what the upstream said) of a chat upstream's error, in the client's shape."""
+        info = parse_error(status, raw)
+        answered, api = self.client.upstream_error(status, info)
+        return answered, json.dumps(self.client.error_body(api)).encode(), info
+
+    def reply(self, chat: dict[str, Any]) -> dict[str, Any] | None:
+        """The client's non-streamed answer to a chat completion (`answer_from_chat`)."""
+        return answer_from_chat(self.client, self.request, chat)
+
+    def events(self, chat: dict[str, Any]) -> tuple[list[bytes], dict[str, Any] | None]:
+        """The client's stream of a chat completion the upstream answered whole, and its final body."""
+        assembler = self.client.assembler()
+        out = []
+        for event in _chat_events(self.client, self.request, chat):
+            assembler.add(event)
+            out.append(self.client.event_bytes(event))
+        return out, assembler.body()
+
+    def stream(self) -> TranslatedStream:
+        return TranslatedStream(self.client, self.request)
+
+    def remember(
+        self,
+        chains: ResponseChains,
+        session: str | None,
+        chat_reply: dict[str, Any] | None,
+        reply: dict[str, Any] | None,
+    ) -> None:
+        """Keep the conversation a later request may continue by naming this reply."""
+        if chat_reply is None or reply is None:
+            return
+        reply_id = self.client.reply_id(self.request, reply)
+        if reply_id is not None:
+            chains.keep(session, reply_id, self.client.continued(self.request, self.chat_body, chat_reply))
+
+
+class ResponseChains:
+    """The chat conversations of translated replies, by (session, reply id), for the requests that
+    continue them (`previous_response_id`); the newest CHAINS_MAX are kept. Owned by the proxy."""
+
+    def __init__(self, limit: int = CHAINS_MAX) -> None:
+        self.limit = limit
+        self._kept: collections.OrderedDict[tuple[str | None, str], list[dict[str, Any]]] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, session: str | None, reply_id: str) -> list[dict[str, Any]] | None:
+        messages = self._kept.get((session, reply_id))
+        if messages is not None:
+            self._kept.move_to_end((session, reply_id))
+        return messages
+
+    def keep(self, session: str | None, reply_id: str, messages: Sequence[dict[str, Any]]) -> None:
+        self._kept[(session, reply_id)] = list(messages)
+        self._kept.move_to_end((session, reply_id))
+        while len(self._kept) > self.limit:
+            self._kept.popitem(last=False)
+
+
+def synthesised(
+    dialect: Dialect, request: dict[str, Any], raw: bytes
+) -> tuple[list[bytes], dict[str, Any]] | None:
+    """The stream `dialect` defines for a JSON answer `raw` to a request that asked for a stream (AReaL
+    1.0.4's /responses answers JSON to `stream: true`: docs/areal.md §1.1.7), and the answer parsed; None
+    when the answer is not a JSON object."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    options = request.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    return dialect.synthesise(body, include_usage), body

@@ -1,0 +1,171 @@
+"""Tests for modeltap/proxy/translate.py: a translated stream fed the upstream's bytes at any split,
+the non-streamed answer agreeing with the streamed one, the Responses conversations kept for
+`previous_response_id`, and the stream made for a client that asked for one from a JSON answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from modeltap import dialects
+from modeltap.dialects.openai_chat import chunks
+from modeltap.dialects.sse import StreamAssembler, data_event
+from modeltap.proxy.errors import BadRequest
+from modeltap.proxy.translate import ResponseChains, TranslatedStream, Translation, synthesised
+from tests.factories import (
+    assistant,
+    chat_completion,
+    function_call_item,
+    message,
+    message_item,
+    response,
+    text_completion,
+    usage,
+)
+
+CHAT = dialects.named("chat")
+CALL = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+COMPLETION = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "ok", "tool_calls": [CALL]},
+            "finish_reason": "tool_calls",
+        }
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+UPSTREAM_BYTES = b"".join(data_event(c) for c in chunks(COMPLETION, include_usage=True)) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("endpoint", ["messages", "responses"])
+def test_a_translated_stream_says_the_same_however_the_bytes_are_split(endpoint: str) -> None:
+    client = dialects.named(endpoint)
+    whole = TranslatedStream(client, {"model": "m"})
+    expected = whole.relay(UPSTREAM_BYTES) + whole.end()
+    for cut in range(1, len(UPSTREAM_BYTES)):
+        stream = TranslatedStream(client, {"model": "m"})
+        out = stream.relay(UPSTREAM_BYTES[:cut]) + stream.relay(UPSTREAM_BYTES[cut:]) + stream.end()
+        assert _types(client, out) == _types(client, expected)
+    result = whole.result()
+    assert result.complete and result.error is None
+    assert client.summary({}, result.body).tool_calls[0]["id"] == "call_1"
+    assert whole.received is not None and whole.received["choices"][0]["message"]["tool_calls"] == [CALL]
+
+
+def _types(client: Any, raw: bytes) -> list[str]:
+    """The event types `raw` holds, ids aside (each stream makes its own)."""
+    assembler = StreamAssembler(client)
+    assembler.feed(raw)
+    return [line for line in raw.decode().splitlines() if line.startswith("event:")]
+
+
+def test_a_translated_stream_cut_short_is_recorded_as_such() -> None:
+    stream = TranslatedStream(dialects.named("messages"), {"model": "m"})
+    out = stream.relay(data_event(chunks(COMPLETION, include_usage=False)[0])) + stream.end()
+    result = stream.result()
+    assert b"message_start" in out and b"message_stop" not in out
+    assert not result.complete and "ended before" in (result.error or "")
+
+
+@pytest.mark.parametrize("endpoint", ["messages", "responses"])
+def test_the_whole_answer_matches_the_streamed_one(endpoint: str) -> None:
+    client = dialects.named(endpoint)
+    translation = Translation(client, {"model": "m", "messages": [], "input": "hi"}, None)
+    events, streamed = translation.events(COMPLETION)
+    whole = translation.reply(COMPLETION)
+    assert streamed is not None and whole is not None and events
+    assert client.summary({}, streamed).tool_calls == client.summary({}, whole).tool_calls
+    assert client.summary({}, whole).text == "ok"
+
+
+def test_a_request_continuing_an_unknown_response_is_refused() -> None:
+    with pytest.raises(BadRequest, match="previous_response_id 'resp_x'"):
+        Translation.start(
+            dialects.named("responses"),
+            {"input": "hi", "previous_response_id": "resp_x"},
+            ResponseChains(),
+            "s",
+        )
+
+
+def test_kept_conversations_belong_to_their_session_and_the_oldest_go_first() -> None:
+    chains = ResponseChains(limit=2)
+    chains.keep("s1", "r1", [{"role": "user", "content": "1"}])
+    chains.keep("s1", "r2", [])
+    assert chains.get("s2", "r1") is None and chains.get("s1", "r1") is not None  # r1 now the newest
+    chains.keep("s1", "r3", [])
+    assert chains.get("s1", "r2") is None and chains.get("s1", "r1") is not None
+
+
+def test_a_translated_response_is_remembered_for_the_next_request() -> None:
+    client, chains = dialects.named("responses"), ResponseChains()
+    first = Translation.start(client, {"model": "m", "input": "hi"}, chains, "s")
+    reply = first.reply(COMPLETION)
+    assert reply is not None
+    first.remember(chains, "s", COMPLETION, reply)
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}
+    second = Translation.start(
+        client, {"model": "m", "input": [output], "previous_response_id": reply["id"]}, chains, "s"
+    )
+    roles = [m["role"] for m in second.chat_body["messages"]]
+    assert roles == ["user", "assistant", "tool"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body"),
+    [
+        ("chat", chat_completion(assistant("42"), usage=usage(3, 1))),
+        ("completions", text_completion("42", usage=usage(3, 1))),
+        (
+            "messages",
+            message(
+                [{"type": "text", "text": "42"}],
+                "end_turn",
+                usage={"input_tokens": 3, "output_tokens": 1},
+                model="m",
+            ),
+        ),
+        ("responses", response([message_item("42")], usage={"input_tokens": 3})),
+        ("responses", response([function_call_item("c1", "bash", '{"command": "ls"}')], usage={})),
+    ],
+)
+def test_a_json_answer_to_a_streamed_request_becomes_the_stream_its_format_defines(
+    endpoint: str, body: Any
+) -> None:
+    dialect = dialects.named(endpoint)
+    made = synthesised(dialect, {"stream": True, "stream_options": {"include_usage": True}}, _json(body))
+    assert made is not None
+    events, parsed = made
+    assembler = StreamAssembler(dialect)
+    assembler.feed(b"".join(events))
+    result = assembler.result()
+    assert result.complete and result.error is None and parsed == body
+    assert dialect.summary({}, result.body) == dialect.summary({}, body)
+
+
+def test_an_answer_that_is_not_a_json_object_is_not_made_a_stream() -> None:
+    assert synthesised(CHAT, {"stream": True}, b"<html>") is None
+    assert synthesised(CHAT, {"stream": True}, b"[1]") is None
+
+
+def _json(body: Any) -> bytes:
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("endpoint", ["messages", "responses"])
+def test_the_record_of_a_translated_stream_is_what_the_client_got(endpoint: str) -> None:
+    """The record is rebuilt from the chat stream, and says what the stream said, ids included (a
+    later `previous_response_id` names the id the client got)."""
+    client = dialects.named(endpoint)
+    stream = TranslatedStream(client, {"model": "m"})
+    written = stream.relay(UPSTREAM_BYTES) + stream.end()
+    assembler = StreamAssembler(client)
+    assembler.feed(written)
+    assert stream.result().body == assembler.result().body
