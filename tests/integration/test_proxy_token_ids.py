@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -156,3 +157,30 @@ async def test_without_ids_from_the_server_they_are_rendered_and_breaks_still_fo
     assert drift["position"] == drift["previous_prompt_length"] and drift["source"] == "rendered"
     assert drift["expected"]["text"][drift["position"] - drift["expected"]["start"]] == "<think>"
     assert [line["turns"] for line in tokens_export(store_path, session.id)] == [[1], [2]]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_translated_request_is_asked_as_the_chat_request_it_becomes(
+    standin_factory: Callable[..., Any], make_proxy: Callable[..., Proxy], store_path: Path, stream: bool
+) -> None:
+    upstream: OpenAILikeStandIn = standin_factory(OpenAILikeStandIn, flavor="vllm", chat_only=True)
+    ask = [{"role": "user", "content": "hello"}]
+    async with make_proxy(upstream=upstream.url, layout="chat-only", token_ids=True) as proxy:
+        client = anthropic.AsyncAnthropic(base_url=proxy.host_base_url, api_key="k", max_retries=0)
+        if stream:
+            async with client.messages.stream(model="standin-model", max_tokens=64, messages=ask) as events:
+                reply = await events.get_final_message()
+        else:
+            reply = await client.messages.create(model="standin-model", max_tokens=64, messages=ask)
+        await client.close()
+    assert reply.content[0].text == "Shell arithmetic check"  # type: ignore[union-attr]
+    [call] = upstream.model_requests
+    assert call.path == "/v1/chat/completions" and call.body["return_token_ids"] is True
+    with StoreReader(store_path) as reader:
+        [session] = reader.sessions()
+        [row] = reader.token_turns(session["id"])
+        [recorded] = reader.exchanges(session["id"])
+    assert (row["source"], row["prompt_length"]) == ("served", len(te.render(call.body["messages"])))
+    assert recorded["translated"] == "chat" and recorded["received"]["choices"][0]["token_ids"].endswith(
+        " token ids>"
+    )
