@@ -20,7 +20,7 @@ $(AREAL_STAMP): $(AREAL_PINS) pyproject.toml
 	$(AREAL_PYTHON) -m venv $(AREAL_VENV)
 	$(AREAL_VENV)/bin/pip install -q --no-deps -r requirements/areal-tier-nodeps.txt
 	$(AREAL_VENV)/bin/pip install -q -r requirements/areal-tier.txt
-	$(AREAL_VENV)/bin/pip install -q -e '.[budget]'
+	$(AREAL_VENV)/bin/pip install -q -e '.[adapter,budget]'
 	touch $@
 
 .PHONY: areal-venv areal-test

@@ -39,6 +39,8 @@ BLOCKING_FILES = (
     "site-packages/urllib3/",
     "/subprocess.py",
     "/modeltap/adapter/sandbox.py",
+    "/modeltap/adapter/docker_sandbox.py",
+    "/modeltap/adapter/local_sandbox.py",
 )
 BLOCKING_C_CALLS = {("time", "sleep"), ("posix", "waitpid"), ("posix", "read")}
 

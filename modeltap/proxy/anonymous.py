@@ -1,12 +1,12 @@
 """Anonymous traffic split into conversations: requests that bring no session token and no session
 hint are grouped by the continuity of their message histories, not stitched into one session.
 
-Owns: the rule. A conversation is known by how it starts (its system prompt and first message) and by
-where its last request ended (the length of its history and its last message). A request whose history
-starts the same way and holds that last message at that position continues it; any other starts a new
-one. Two runs that send the very same first request share a session until they part, which is all
-their bytes allow. Bounded: the oldest conversations are forgotten. Does not own: sessions with a
-token (sessions.py) or hints (naming.py).
+Owns: the rule. A conversation is known by how it starts (its format, its client, its system prompt and
+first message) and by where its last request ended (the length of its history and its last message). A
+request whose history starts the same way and holds that last message at that position continues it;
+any other starts a new one. Two runs of one client that send the very same first request share a
+session until they part, which is all their bytes allow. Bounded: the oldest conversations are
+forgotten. Does not own: sessions with a token (sessions.py) or hints (naming.py).
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ class AnonymousConversations:
         self._prefix = prefix
         self._by_start: OrderedDict[str, list[_Tail]] = OrderedDict()
 
-    def session_of(self, dialect: Dialect, body: dict[str, Any]) -> str | None:
+    def session_of(self, dialect: Dialect, body: dict[str, Any], client: str | None = None) -> str | None:
         """The session of the conversation `body` continues or starts; None for a format without a
-        conversation (completions, embeddings)."""
+        conversation (completions, embeddings). Conversations of different formats or different
+        clients never share a session, however alike they start."""
         history = dialect.history(body)
         if not history:
             return None
         system = body.get(dialect.system_field) if dialect.system_field else None
-        start = _digest([system, history[0]])
+        start = _digest([dialect.name, client, system, history[0]])
         tails = self._by_start.pop(start, [])
         self._by_start[start] = tails
         if len(self._by_start) > CONVERSATIONS_MAX:

@@ -64,10 +64,7 @@ def names_for(
             f"{SESSION_HEADER} and {LABELS_HEADER} need a session token on a network listener "
             "(…/s/TOKEN): they name a conversation, they do not open one"
         )
-    labels = _header_labels(labelled) if labelled is not None else {}
-    client = client_of(headers.get("User-Agent"))
-    if client is not None:
-        labels.setdefault("client", client)
+    labels = client_labels(headers) | (_header_labels(labelled) if labelled is not None else {})
     if named is not None and not _NAME.fullmatch(named):
         raise NamingError(f"{SESSION_HEADER} must be 1 to 128 of A-Z a-z 0-9 . _ : -")
     if session is not None:
@@ -77,8 +74,16 @@ def names_for(
     hint = next((v for h in SESSION_HINTS if (v := headers.get(h)) and _NAME.fullmatch(v)), None)
     if hint is not None:
         return Names(hint, labels)
-    conversation = anonymous.session_of(dialect, body) if body is not None else None
+    client = labels.get("client")
+    conversation = anonymous.session_of(dialect, body, client) if body is not None else None
     return Names(conversation or ANONYMOUS_SESSION, labels)
+
+
+def client_labels(headers: Mapping[str, str]) -> dict[str, str]:
+    """`{"client": NAME}` for a client its User-Agent names (compat/clients.py), else {}: every record
+    carries it, a request refused before it was named too."""
+    client = client_of(headers.get("User-Agent"))
+    return {"client": client} if client is not None else {}
 
 
 def _header_labels(text: str) -> dict[str, str]:

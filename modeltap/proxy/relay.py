@@ -46,7 +46,7 @@ from modeltap.proxy.errors import (
     UpstreamUnreachable,
     error_bytes,
 )
-from modeltap.proxy.naming import NamingError, names_for
+from modeltap.proxy.naming import NamingError, client_labels, names_for
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
@@ -393,7 +393,8 @@ def _recorded_path(request: web.Request) -> str:
 
 def _note_session(flow: _Flow, session: Session | None) -> None:
     if session is not None:
-        flow.draft.session_id, flow.draft.labels = session.id, dict(session.labels)
+        flow.draft.session_id = session.id
+        flow.draft.labels = client_labels(flow.request.headers) | session.labels
 
 
 async def _read_body(flow: _Flow, authenticated: bool) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from areal.engine.sglang_remote import RemoteSGLangEngine
 from areal_server import AGENT_CLS_PATH, ArealProxyServer
 
 from modeltap.adapter import shutdown, task_rows
-from modeltap.adapter.sandbox import LABEL_RUN
+from modeltap.adapter.docker_sandbox import LABEL_RUN
 from modeltap.proxy.network import bridge_gateway
 from modeltap.records.store import StoreReader
 from tests.docker.hostroot import ensure_image

@@ -15,7 +15,7 @@ import pytest
 from docker.models.containers import Container
 
 from modeltap.adapter import shutdown
-from modeltap.adapter.sandbox import LABEL_OWNER, DockerProvider
+from modeltap.adapter.docker_sandbox import LABEL_OWNER, DockerProvider
 from modeltap.proxy import network
 from tests.adapter_harness import arithmetic
 from tests.docker.hostroot import IMAGE, ensure_image

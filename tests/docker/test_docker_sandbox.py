@@ -13,7 +13,8 @@ import docker
 import pytest
 
 from modeltap.adapter.bundle import Mount
-from modeltap.adapter.sandbox import LABEL_OWNER, LABEL_RUN, DockerProvider, SandboxError, SandboxSpec
+from modeltap.adapter.docker_sandbox import LABEL_OWNER, LABEL_RUN, DockerProvider
+from modeltap.adapter.sandbox import SandboxError, SandboxSpec
 
 USR = Mount("usr", Path("/usr"), "/usr")
 

@@ -373,8 +373,9 @@ class StandIn:
         """The model calls received so far, oldest first."""
         return self.control.model_requests
 
-    def start(self) -> Self:
-        """Serve the app; returns once the port is bound. A second start raises."""
+    def start(self, port: int = 0) -> Self:
+        """Serve the app on `port` (0: a free one); returns once the port is bound. A second start
+        raises."""
         if self._thread is not None:
             raise RuntimeError("stand-in already started")
         self._loop = asyncio.new_event_loop()
@@ -383,16 +384,17 @@ class StandIn:
         )
         self._thread.start()
         try:
-            self.port = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(START_TIMEOUT_S)
+            serving = asyncio.run_coroutine_threadsafe(self._serve(port), self._loop)
+            self.port = serving.result(START_TIMEOUT_S)
         except BaseException:
             self.stop()
             raise
         return self
 
-    async def _serve(self) -> int:
+    async def _serve(self, port: int) -> int:
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         return int(self._runner.addresses[0][1])
 

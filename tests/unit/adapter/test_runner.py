@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from modeltap.adapter.bundle import Bundle, load_bundle
+from modeltap.adapter.local_sandbox import LocalProvider
 from modeltap.adapter.runner import RunFailed, RunPlan, SolverEndpoint, Unscored, play
-from modeltap.adapter.sandbox import LocalProvider
 from tests.standins.anthropic_like import AnthropicLikeStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
 from tests.standins.script import Conversation, Reply

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from modeltap.adapter import sandbox as sandbox_module
+from modeltap.adapter import local_sandbox
 from modeltap.adapter.bundle import Mount
-from modeltap.adapter.sandbox import ExecResult, LocalProvider, SandboxError, SandboxSpec, provider_for
+from modeltap.adapter.local_sandbox import LocalProvider
+from modeltap.adapter.sandbox import ExecResult, SandboxError, SandboxSpec, provider_for
 
 
 def alive(pid: int) -> bool:
@@ -97,7 +100,7 @@ async def test_read_file_returns_bytes_none_for_a_missing_file_and_refuses_huge_
         (Path(box.workdir) / "answer.txt").write_text("42\n")
         assert await box.read_file("answer.txt") == b"42\n"
         assert await box.read_file("missing.txt") is None
-        monkeypatch.setattr(sandbox_module, "MAX_FILE_BYTES", 2)
+        monkeypatch.setattr(local_sandbox, "MAX_FILE_BYTES", 2)
         with pytest.raises(SandboxError, match="over the 2-byte limit"):
             await box.read_file("answer.txt")
 
@@ -121,3 +124,11 @@ def test_runner_names_map_to_providers() -> None:
     assert type(provider_for("docker")).__name__ == "DockerProvider"
     with pytest.raises(ValueError, match='use runner="docker" or runner="local"'):
         provider_for("podman")
+
+
+def test_the_docker_runner_without_the_docker_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "docker", None)  # what a base install without [adapter] has
+    monkeypatch.delitem(sys.modules, "modeltap.adapter.docker_sandbox", raising=False)
+    with pytest.raises(SandboxError, match=re.escape("pip install 'modeltap[adapter]'")):
+        provider_for("docker")
+    assert isinstance(provider_for("local"), LocalProvider)  # the local runner needs no docker

@@ -93,3 +93,11 @@ def test_anonymous_histories_are_split_by_continuity() -> None:
     assert again not in (None, first, other)
     went_on = {"messages": [SYSTEM, ASK, {"role": "assistant", "content": "41"}, ASK]}
     assert tracker.session_of(CHAT, went_on) == again
+
+
+def test_alike_conversations_of_other_formats_or_clients_never_share_a_session() -> None:
+    tracker = AnonymousConversations()
+    say_hi = {"messages": [{"role": "user", "content": "Say hi"}]}
+    by_format = {d.name: tracker.session_of(d, say_hi, "sdk") for d in (CHAT, dialects.named("messages"))}
+    by_client = tracker.session_of(CHAT, say_hi, "other-sdk")
+    assert len({*by_format.values(), by_client}) == 3

@@ -1,0 +1,199 @@
+"""The first hour, as a new user lives it: the README's quickstart run as it is written, from a fresh
+venv installed from a copy of the repository, against a vLLM stand-in on the port the quickstart names;
+then the commands a user reaches for next. Each step checks the promises the README makes of it.
+
+The quickstart's code blocks are read from README.md, not copied here: a change to the README that
+breaks a user's first steps breaks this test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.agents import CLAUDE, CLAUDE_OFFLINE_ENV, CODEX, OPENCODE, OPENCODE_OFFLINE_ENV, TASK_PROMPT
+from tests.standins.openai_like import OpenAILikeStandIn
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+# What the quickstart's snippets name: the upstream's port and the model it serves.
+UPSTREAM_PORT = 8000
+MODEL = "Qwen2.5-Coder-7B-Instruct"
+# A base install is the proxy and the readers: none of the extras' packages.
+EXTRAS_ONLY = ("docker", "tokenizers", "tiktoken", "transformers", "jinja2", "opentelemetry-sdk", "openai")
+# What the copy of the repository leaves out: caches, venvs and records, none of which a clone has.
+NOT_IN_A_CLONE = shutil.ignore_patterns(
+    ".git", ".venv*", ".cache", ".modeltap", "__pycache__", "*.egg-info", "build", ".coverage*"
+)
+INSTALL_TIMEOUT_S = 600
+AGENT_TIMEOUT_S = 240
+START_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of the quickstart: its language and its text."""
+
+    language: str
+    text: str
+
+
+def quickstart() -> list[Block]:
+    """The code blocks of README's `## Quickstart` section, in order."""
+    text = README.read_text()
+    section = text.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+    return [Block(m.group(1), m.group(2)) for m in re.finditer(r"```(\w+)\n(.*?)```", section, re.S)]
+
+
+def block(blocks: list[Block], language: str, containing: str) -> str:
+    [found] = [b.text for b in blocks if b.language == language and containing in b.text]
+    return found
+
+
+@dataclass
+class User:
+    """A new user's machine: a HOME of their own, a project folder, and the PATH the quickstart sets."""
+
+    home: Path
+    project: Path
+    source: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        venv_bin = self.home / ".venvs" / "modeltap" / "bin"
+        return {
+            "HOME": str(self.home),
+            "PATH": f"{venv_bin}:{CLAUDE.parent}:{os.environ['PATH']}",
+            "LANG": "C.UTF-8",
+            # The user's pip cache is the machine's: the install needs PyPI, not a cold cache.
+            "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        }
+
+    def sh(self, script: str, *, cwd: Path | None = None, timeout: float = 120) -> str:
+        """Run `script` in bash as the user; fail with its output when it fails. Returns stdout."""
+        run = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=cwd or self.project, env=self.env, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        assert run.returncode == 0, f"$ {script}\n{run.stdout}\n{run.stderr}"
+        return run.stdout
+
+    @contextmanager
+    def background(self, script: str, ready: str) -> Iterator[subprocess.Popen[str]]:
+        """`script` running in the background until the block ends, once its stdout printed `ready`."""
+        process = subprocess.Popen(
+            ["bash", "-c", f"exec {script}"], cwd=self.project, env=self.env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        try:
+            assert process.stdout is not None
+            deadline = time.monotonic() + START_TIMEOUT_S
+            seen = []
+            for line in process.stdout:
+                seen.append(line)
+                if ready in line or time.monotonic() > deadline:
+                    break
+            assert any(ready in line for line in seen), f"{script} never printed {ready!r}:\n{''.join(seen)}"
+            yield process
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory: pytest.TempPathFactory) -> User:
+    """A user who followed the install block: a venv with modeltap installed from a copy of the repo."""
+    root = tmp_path_factory.mktemp("journey")
+    someone = User(root / "home", root / "project", root / "modeltap")
+    someone.home.mkdir()
+    someone.project.mkdir()
+    shutil.copytree(REPO, someone.source, ignore=NOT_IN_A_CLONE)
+    install = block(quickstart(), "bash", "pip install")
+    someone.sh(install, cwd=someone.source, timeout=INSTALL_TIMEOUT_S)
+    return someone
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[OpenAILikeStandIn]:
+    """The model server the quickstart points at: a vLLM stand-in on 127.0.0.1:8000."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", UPSTREAM_PORT)) == 0:
+            pytest.fail(f"port {UPSTREAM_PORT} is taken: the journey's model server needs it")
+    server = OpenAILikeStandIn(model=MODEL).start(UPSTREAM_PORT)
+    yield server
+    server.stop()
+
+
+def test_a_base_install_is_the_proxy_and_the_readers(user: User) -> None:
+    installed = user.sh("pip list --format json")
+    names = {package["name"].lower() for package in json.loads(installed)}
+    assert "modeltap" in names and "aiohttp" in names
+    assert not names & set(EXTRAS_ONLY), f"a base install pulled in {sorted(names & set(EXTRAS_ONLY))}"
+    assert user.sh("modeltap --version").startswith("modeltap ")
+
+
+def test_the_quickstart_as_written(user: User, upstream: OpenAILikeStandIn) -> None:
+    blocks = quickstart()
+    serve = block(blocks, "bash", "modeltap serve").strip()
+    with user.background(serve, ready="listening on") as server:
+        (user.project / "opencode.json").write_text(block(blocks, "json", "opencode"))
+        opencode = user.sh(
+            f"env {_env(OPENCODE_OFFLINE_ENV)} {OPENCODE} run {_quote(TASK_PROMPT)}", timeout=AGENT_TIMEOUT_S
+        )
+        assert opencode.strip().endswith("42"), opencode
+
+        claude = block(blocks, "bash", "claude").strip()
+        claude_home = user.home / ".claude"
+        answer = user.sh(
+            f"env {_env(CLAUDE_OFFLINE_ENV)} CLAUDE_CONFIG_DIR={claude_home} {claude} "
+            f"-p {_quote(TASK_PROMPT)} --allowedTools Bash --output-format json",
+            timeout=AGENT_TIMEOUT_S,
+        )
+        assert json.loads(answer)["result"].strip() == "42", answer
+
+        (user.home / ".codex").mkdir()
+        (user.home / ".codex" / "config.toml").write_text(block(blocks, "toml", "model_provider"))
+        codex = user.sh(
+            f"{CODEX} exec --skip-git-repo-check --sandbox danger-full-access {_quote(TASK_PROMPT)}",
+            timeout=AGENT_TIMEOUT_S,
+        )
+        assert "42" in codex, codex
+
+        for language, needle in (("python", "from openai"), ("python", "from anthropic")):
+            printed = user.sh(f"{sys.executable} - <<'EOF'\n{block(blocks, language, needle)}\nEOF")
+            assert printed.strip(), f"the {needle} snippet printed nothing"
+
+        readers = block(blocks, "bash", "modeltap sessions")
+        sessions = user.sh(readers.splitlines()[0])
+        assert sessions.count("\n") >= 5, sessions  # a header and a session per client at least
+    server_log = server.stderr.read() if server.stderr else ""
+    # serve printed one line per exchange: each client's requests, named by its client label.
+    for client in ("opencode", "claude-code", "codex", "openai-python", "anthropic-python"):
+        assert client in sessions, f"{client} has no session of its own:\n{sessions}"
+    assert server_log.count(" 200 ") >= 8, server_log
+
+
+def _env(variables: dict[str, str]) -> str:
+    return " ".join(f"{name}={_quote(value)}" for name, value in variables.items())
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
