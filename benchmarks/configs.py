@@ -158,6 +158,13 @@ class Modeltap(Configuration):
         return f"{exchanges} exchanges, {_mib(store, store.with_name('records.db-wal'))}"
 
 
+class ModeltapTokenIds(Modeltap):
+    name, description = "modeltap-ids", "the same, with --token-ids --engine vllm (asks for and records ids)"
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        return [*super().argv(upstream, port, workdir), "--token-ids", "--engine", "vllm"]
+
+
 def _mib(*paths: Path) -> str:
     return f"{sum(p.stat().st_size for p in paths if p.exists()) / 2**20:.1f} MiB"
 

@@ -5,7 +5,9 @@ front of it. Not: realism (the test suite has the backend look-alikes with their
 
 Answers ``POST /v1/chat/completions`` and ``POST /chat/completions``. Non-streamed: one canned
 ``chat.completion``. Streamed: the first chunk at once, then ``STREAM_CONTENT_CHUNKS - 1`` more
-``STREAM_GAP_S`` apart, a finish chunk, a usage chunk and ``data: [DONE]``.
+``STREAM_GAP_S`` apart, a finish chunk, a usage chunk and ``data: [DONE]``. With vLLM's
+``return_token_ids`` it answers as vLLM does (docs/engines.md §1.2, §1.3): the prompt's ids (one per
+``BYTES_PER_TOKEN`` bytes of the body, so they grow with the conversation) and each chunk's own ids.
 
     python -m benchmarks.stand_in --port 9000
 """
@@ -32,6 +34,13 @@ LISTEN_BACKLOG = 2048
 # The scale benchmark sends 100k-token prompts (~0.5 MB), over aiohttp's 1 MiB default with room to spare.
 MAX_BODY_BYTES = 64 * 1024 * 1024
 USAGE = {"prompt_tokens": 200, "completion_tokens": STREAM_CONTENT_CHUNKS, "total_tokens": 208}
+# The stand-in's prompt "ids" with return_token_ids: one per four bytes of the request body, about what
+# a BPE tokenizer makes of English and code, each taken from the body so that prompts sharing a
+# beginning share their ids' beginning too, as a real engine's do.
+BYTES_PER_TOKEN = 4
+# The id of each content chunk's token, and of the end-of-turn token on the finish chunk (ChatML's).
+CONTENT_ID = 9707
+END_OF_TURN_ID = 151645
 
 
 def _chunk(delta: dict[str, str], finish_reason: str | None = None) -> bytes:
@@ -72,25 +81,46 @@ USAGE_EVENT = {
     "choices": [],
     "usage": USAGE,
 }
-STREAM_TAIL = (
-    _chunk({}, "stop") + b"data: " + json.dumps(USAGE_EVENT).encode() + b"\n\n" + b"data: [DONE]\n\n"
-)
+FINISH_CHUNK = _chunk({}, "stop")
+AFTER_FINISH = b"data: " + json.dumps(USAGE_EVENT).encode() + b"\n\n" + b"data: [DONE]\n\n"
+STREAM_TAIL = FINISH_CHUNK + AFTER_FINISH
+
+
+def _with_ids(event: bytes, ids: list[int], prompt: list[int] | None = None) -> bytes:
+    """A chunk of the canned stream with vLLM's `token_ids` (and `prompt_token_ids`) added."""
+    chunk = json.loads(event[len(b"data: ") :])
+    chunk["choices"][0]["token_ids"] = ids
+    if prompt is not None:
+        chunk["prompt_token_ids"] = prompt
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def _prompt_ids(raw: bytes) -> list[int]:
+    return list(raw[::BYTES_PER_TOKEN])
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """Answer one chat completion, streamed when the body asks for it."""
-    body = json.loads(await request.read())
+    """Answer one chat completion, streamed when the body asks for it, with ids when asked."""
+    raw = await request.read()
+    body = json.loads(raw)
+    ids = body.get("return_token_ids") is True
     if not body.get("stream"):
-        return web.Response(body=COMPLETION, content_type="application/json")
+        if not ids:
+            return web.Response(body=COMPLETION, content_type="application/json")
+        answer = json.loads(COMPLETION)
+        answer["prompt_token_ids"] = _prompt_ids(raw)
+        answer["choices"][0]["token_ids"] = [CONTENT_ID] * STREAM_CONTENT_CHUNKS + [END_OF_TURN_ID]
+        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
     response = web.StreamResponse(
         headers={hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-cache"}
     )
     await response.prepare(request)
-    await response.write(FIRST_CHUNK)
+    await response.write(_with_ids(FIRST_CHUNK, [CONTENT_ID], _prompt_ids(raw)) if ids else FIRST_CHUNK)
+    following = _with_ids(NEXT_CHUNK, [CONTENT_ID]) if ids else NEXT_CHUNK
     for _ in range(STREAM_CONTENT_CHUNKS - 1):
         await asyncio.sleep(STREAM_GAP_S)
-        await response.write(NEXT_CHUNK)
-    await response.write(STREAM_TAIL)
+        await response.write(following)
+    await response.write(_with_ids(FINISH_CHUNK, [END_OF_TURN_ID]) + AFTER_FINISH if ids else STREAM_TAIL)
     await response.write_eof()
     return response
 

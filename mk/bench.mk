@@ -12,7 +12,7 @@ BENCH_PYTHON_agl ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/pytho
 BENCH_PEERS := mitmproxy litellm
 BENCH_ARGS ?=
 
-.PHONY: bench bench-overhead bench-scale bench-counting bench-otlp bench-profile bench-translation bench-store bench-venvs
+.PHONY: bench bench-overhead bench-scale bench-counting bench-otlp bench-token-ids bench-profile bench-translation bench-store bench-venvs
 
 bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
@@ -21,6 +21,7 @@ bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_otlp $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_translation $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_store $(BENCH_ARGS)
+	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
 
 bench-overhead: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
@@ -41,6 +42,9 @@ bench-otlp: .venv-bench/.installed
 # The store alone needs no peer: it fills one records database to 1M exchanges (about 2 GB in $TMPDIR).
 bench-store: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_store $(BENCH_ARGS)
+
+bench-token-ids: .venv-bench/.installed
+	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
 
 bench-profile: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_profile $(BENCH_ARGS)

@@ -40,6 +40,7 @@ from modeltap.records.mock import load_mock, mock_app
 from modeltap.records.prune import needs_full_vacuum, prune, vacuum
 from modeltap.records.query import DEFAULT_GROUP_LABEL, DEFAULT_LIMIT, SessionQuery, parse_label, parse_when
 from modeltap.records.replay import comparison_text, replay
+from modeltap.records.store import StoreReader
 from modeltap.records.stores import Stores, expand, patterns_from
 from modeltap.records.tail import follow
 from modeltap.records.ui import viewer_app
@@ -75,6 +76,8 @@ EPILOG_EXPORT = """examples:
   modeltap export s-3f2a --format har -o run.har      open in Chrome DevTools (Network > Import HAR)
   modeltap export s-3f2a --format jsonl               one exchange per line, with "format_version"
   modeltap export s-3f2a --format messages >> sft.jsonl   the final conversation and its tools
+  modeltap export s-3f2a --format tokens              token ids and loss mask per continuous stretch
+  modeltap export --all --format tokens -o train.jsonl      every session recorded with serve --token-ids
   modeltap export --all --format otlp --otlp-endpoint http://collector:4318   spans, at their times"""
 EPILOG_REPLAY = """example:
   modeltap replay s-3f2a --upstream http://127.0.0.1:8000 --turn 3
@@ -178,11 +181,11 @@ def _parser() -> argparse.ArgumentParser:
         commands,
         "export",
         _export,
-        "write a session as HAR, JSON lines or SFT messages, or send it to a tracing backend",
+        "write a session as HAR, JSON lines, SFT messages or token ids, or send it to a tracing backend",
         EPILOG_EXPORT,
     )
     export.add_argument("session", nargs="?", help="session id, or its first characters")
-    export.add_argument("--all", action="store_true", help="every session (with --format otlp)")
+    export.add_argument("--all", action="store_true", help="every session, one after another (all but har)")
     export.add_argument("--format", choices=FORMATS, default="har", help="output format (default har)")
     export.add_argument("-o", "--output", help="file to write (default stdout)")
     _config_flags(export, ("otlp_endpoint", "otlp_content"))
@@ -473,7 +476,8 @@ def _show(args: argparse.Namespace) -> int:
     with _stores(args) as stores:
         reader, session_id = stores.resolve(args.session)
         rows, session = reader.exchanges(session_id), reader.session(session_id)
-    listed = turns(rows, full=args.full)
+        tokens = reader.token_turns(session_id)
+    listed = turns(rows, full=args.full, tokens=tokens)
     if args.turn is not None:
         if not 1 <= args.turn <= len(listed):
             raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
@@ -485,7 +489,7 @@ def _show(args: argparse.Namespace) -> int:
         print(
             "\n\n".join(turn_text(t) for t in listed)
             if args.full
-            else session_turns(session_id, rows, session)
+            else session_turns(session_id, rows, session, tokens=tokens)
         )
     return 0
 
@@ -497,37 +501,58 @@ def _tail(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     with _stores(args) as stores:
+        chosen = _export_sessions(stores, args)
         if args.format == "otlp":
-            return _send_otlp(stores, args)
-        if args.all or args.session is None:
-            raise ValueError("give a SESSION (--all goes with --format otlp)")
-        reader, session_id = stores.resolve(args.session)
+            return _send_otlp(chosen, args)
         if args.output is None:
-            write_export(reader, session_id, args.format, sys.stdout)
-            return 0
-        with open(args.output, "w", encoding="utf-8") as out:
-            write_export(reader, session_id, args.format, out)
-    print(f"wrote session {session_id} as {args.format} to {args.output}", file=sys.stderr)
+            skipped = _write_sessions(chosen, args, sys.stdout)
+        else:
+            with open(args.output, "w", encoding="utf-8") as out:
+                skipped = _write_sessions(chosen, args, out)
+    if args.output is not None or skipped:
+        what = f"session {chosen[0][1]}" if not args.all else f"{len(chosen) - len(skipped)} session(s)"
+        where = f" to {args.output}" if args.output is not None else ""
+        nothing = f" ({len(skipped)} had nothing to export as {args.format})" if skipped else ""
+        print(f"wrote {what} as {args.format}{where}{nothing}", file=sys.stderr)
     return 0
 
 
-def _send_otlp(stores: Stores, args: argparse.Namespace) -> int:
+def _export_sessions(stores: Stores, args: argparse.Namespace) -> list[tuple[StoreReader, str]]:
+    """The sessions an export covers, each with its store: the one named, or with `--all` every one
+    in every store. (The seam for the filters `sessions` takes: they narrow this list.)"""
+    if args.all == (args.session is not None):
+        raise ValueError("give a SESSION or --all")
+    if not args.all:
+        return [stores.resolve(args.session)]
+    if args.format == "har":
+        raise ValueError("a HAR holds one session: name it, or give --all with another --format")
+    return [(reader, session["id"]) for reader in stores.readers for session in reader.sessions()]
+
+
+def _write_sessions(
+    chosen: list[tuple[StoreReader, str]], args: argparse.Namespace, out: typing.TextIO
+) -> list[str]:
+    """Write each session; with `--all`, one holding nothing of the format is skipped (and returned)."""
+    skipped = []
+    for reader, session_id in chosen:
+        try:
+            write_export(reader, session_id, args.format, out)
+        except ValueError:
+            if not args.all:
+                raise
+            skipped.append(session_id)
+    return skipped
+
+
+def _send_otlp(chosen: list[tuple[StoreReader, str]], args: argparse.Namespace) -> int:
     config = ProxyConfig.from_sources(
         {"otlp_endpoint": args.otlp_endpoint, "otlp_content": args.otlp_content}
     )
     endpoint = otlp_traces_endpoint(config)
     if endpoint is None:
         raise ValueError("--format otlp needs --otlp-endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT)")
-    if args.all == (args.session is not None):
-        raise ValueError("give a SESSION or --all")
-    if args.all:
-        chosen = [(reader, [s["id"] for s in reader.sessions()]) for reader in stores.readers]
-    else:
-        reader, session_id = stores.resolve(args.session)
-        chosen = [(reader, [session_id])]
-    sent = sum(send_otlp(reader, ids, endpoint, content=config.otlp_content) for reader, ids in chosen)
-    count = sum(len(ids) for _, ids in chosen)
-    print(f"sent {sent} spans of {count} session(s) to {endpoint}", file=sys.stderr)
+    sent = send_otlp(chosen, endpoint, content=config.otlp_content)
+    print(f"sent {sent} spans of {len(chosen)} session(s) to {endpoint}", file=sys.stderr)
     return 0
 
 

@@ -15,7 +15,8 @@ A dialect answers, for its format:
   served model's chat template renders;
 - streams: `assembler` (rebuild the final body from events) and `synthesise` (the events of a body);
 - records: `summary` (finish reason, reply, tool calls, usage), `new_messages` (what a turn added),
-  `conversation` (the exchange as OpenAI chat messages) and `tool_call_parse_failure`;
+  `conversation` (the exchange as OpenAI chat messages), `tool_call_parse_failure`, and `token_ids`
+  (the prompt and completion ids an engine returned: dialects/token_ids.py);
 - translation, for an upstream that does not serve the format (`translates`): `chat_request` (the
   request as OpenAI chat), `chat_translator` (the format's stream written from a chat chunk stream as
   it arrives; a non-streamed reply is converted through it too), `upstream_error` (a chat upstream's
@@ -39,7 +40,10 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from modeltap.dialects.token_ids import TokenIds
 
 from modeltap.compat.layouts import ErrorInfo, is_context_overflow, overflow_tokens
 from modeltap.dialects.sse import typed_event
@@ -371,6 +375,11 @@ class Dialect:
         output failed to parse (docs/areal.md §4.2). A model fault, not a broken run."""
         return False
 
+    def token_ids(self, request: Any, response: Any) -> TokenIds | None:
+        """The prompt and completion ids the engine returned with `response` (vLLM's and SGLang's
+        extensions, docs/engines.md), or None: a format no engine returns ids for."""
+        return None
+
     # -- translation through OpenAI chat -----------------------------------------------------------------
 
     def chat_request(
@@ -458,6 +467,12 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 def dicts_in(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def first_choice(choices: Any) -> dict[str, Any]:
+    """The choice with index 0, else the first one listed (OpenAI chat and completions)."""
+    listed = dicts_in(choices)
+    return next((choice for choice in listed if choice.get("index", 0) == 0), listed[0] if listed else {})
 
 
 def as_str(value: Any) -> str | None:

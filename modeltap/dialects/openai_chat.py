@@ -23,11 +23,13 @@ from modeltap.dialects.base import (
     as_dict,
     as_str,
     dicts_in,
+    first_choice,
     part_texts,
     tool_call,
 )
-from modeltap.dialects.openai_completions import ChoiceChunks, first_choice
+from modeltap.dialects.openai_completions import ChoiceChunks
 from modeltap.dialects.sse import DONE_EVENT, data_event, index_of, list_of
+from modeltap.dialects.token_ids import TokenIds, chat_logprobs, served_ids
 
 # Message fields that arrive as text pieces. vLLM and SGLang stream their parsed reasoning as
 # `reasoning_content` (newer vLLM as `reasoning`); AReaL leaves it inline in `content`
@@ -240,6 +242,9 @@ class Chat(Dialect):
         content = message.get("content")
         text = "".join(part_texts(content, "text")) if isinstance(content, list) else as_str(content)
         return as_str(choice.get("finish_reason")), text, calls
+
+    def token_ids(self, request: Any, response: Any) -> TokenIds | None:
+        return served_ids(response, chat_logprobs)
 
     def conversation(
         self,

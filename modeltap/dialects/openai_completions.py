@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from modeltap.dialects.base import Dialect, Prompt, Reading, TextPrompt, as_dict, as_str, dicts_in
+from modeltap.dialects.base import Dialect, Prompt, Reading, TextPrompt, as_dict, as_str, first_choice
 from modeltap.dialects.sse import DONE, DONE_EVENT, Pieces, data_event, index_of, list_of
+from modeltap.dialects.token_ids import (
+    TokenIds,
+    completion_logprobs,
+    id_list,
+    merge_chunk_ids,
+    served_ids,
+)
 
 
 class ChoiceChunks:
-    """An OpenAI chunk stream (chat or legacy completions): the chunk header, choices by index, usage.
-    Subclasses merge a choice's own fields."""
+    """An OpenAI chunk stream (chat or legacy completions): the chunk header, choices by index, usage,
+    and the token ids an engine streams (dialects/token_ids.py). Subclasses merge a choice's own fields."""
 
     END: ClassVar[str] = DONE
     OBJECT: ClassVar[str]
@@ -27,6 +34,8 @@ class ChoiceChunks:
         self._usage: Any = None
         self._choices: dict[int, dict[str, Any]] = {}
         self._pieces = Pieces()
+        self._ids: dict[str, Any] = {}
+        self._choice_ids: dict[int, dict[str, Any]] = {}
 
     def add(self, obj: dict[str, Any]) -> bool:
         for key in self._HEAD:
@@ -41,6 +50,7 @@ class ChoiceChunks:
                 if choice.get("finish_reason") is not None:
                     state["finish_reason"] = choice["finish_reason"]
                 self._merge(index, state, choice)
+        merge_chunk_ids(self._ids, obj, self._choice_ids)
         return False
 
     def body(self) -> dict[str, Any] | None:
@@ -51,8 +61,12 @@ class ChoiceChunks:
             "object": self.OBJECT,
             "created": self._head.get("created"),
             "model": self._head.get("model"),
-            "choices": [self._choice(index, self._choices[index]) for index in sorted(self._choices)],
+            "choices": [
+                self._choice(index, self._choices[index]) | self._choice_ids.get(index, {})
+                for index in sorted(self._choices)
+            ],
             "usage": self._usage,
+            **self._ids,
         }
         if "system_fingerprint" in self._head:
             body["system_fingerprint"] = self._head["system_fingerprint"]
@@ -90,16 +104,6 @@ class _CompletionChunks(ChoiceChunks):
         }
 
 
-def _token_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
-def first_choice(choices: Any) -> dict[str, Any]:
-    """The choice with index 0, else the first one listed."""
-    listed = dicts_in(choices)
-    return next((choice for choice in listed if choice.get("index", 0) == 0), listed[0] if listed else {})
-
-
 def usage_event(stamp: dict[str, Any], body: dict[str, Any], include_usage: bool) -> list[bytes]:
     """The closing usage chunk (`choices: []`) when the request asked for one and the body has usage."""
     if include_usage and body.get("usage") is not None:
@@ -116,9 +120,9 @@ class Completions(Dialect):
     def check(self, body: dict[str, Any]) -> None:
         """`prompt` is text, token ids, or a list of either (OpenAI's four forms), nothing deeper."""
         prompt = body.get("prompt")
-        if prompt is None or isinstance(prompt, str) or _token_ids(prompt):
+        if prompt is None or isinstance(prompt, str) or id_list(prompt) is not None:
             return
-        if isinstance(prompt, list) and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+        if isinstance(prompt, list) and all(isinstance(p, str) or id_list(p) is not None for p in prompt):
             return
         raise ValueError("prompt must be text, a list of token ids, or a list of either")
 
@@ -140,6 +144,9 @@ class Completions(Dialect):
     def read(self, reply: dict[str, Any]) -> Reading:
         choice = first_choice(reply.get("choices"))
         return as_str(choice.get("finish_reason")), as_str(choice.get("text")), []
+
+    def token_ids(self, request: Any, response: Any) -> TokenIds | None:
+        return served_ids(response, completion_logprobs)
 
     def new_messages(self, request: Any, previous: Any) -> list[Any]:
         """One `{"role": "prompt"}` message holding what was appended to the previous prompt."""

@@ -34,13 +34,13 @@ from modeltap.dialects.base import (
     chat_function,
     chat_tool_call,
     dicts_in,
+    first_choice,
     part_texts,
     pruned,
     text_of,
     tool_call,
 )
 from modeltap.dialects.openai_chat import ChatDeltas, request_options
-from modeltap.dialects.openai_completions import first_choice
 from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event
 
 # Final events: each carries the whole response.

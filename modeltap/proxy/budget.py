@@ -195,8 +195,9 @@ def decide(
             f"modeltap refused this request before the upstream saw it: {limits.why()}; "
             f"at least {needed} completion token{'s' if needed > 1 else ''} must fit."
         )
+        # A completion asked for beyond the whole window leaves no room for any prompt: 0, not below.
         refusal = (refuse_as or dialect).context_overflow(
-            prompt_tokens, requested or 0, limit, limit - needed, note
+            prompt_tokens, requested or 0, limit, max(limit - needed, 0), note
         )
         error = OverBudget.from_api_error(refusal)
         return Decision("reject", requested=requested, error=error, **common)

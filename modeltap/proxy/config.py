@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from modeltap.compat.engines import ENGINE_CHOICES, EngineChoice
 from modeltap.compat.layouts import LAYOUTS, Layout
 
 DEFAULT_STORE = ".modeltap/records.db"
@@ -109,6 +110,12 @@ class ProxyConfig:
     max_store_bytes: int | None = option(
         None, "warn once when the records database grows past this many bytes (then: modeltap prune)"
     )
+    token_ids: bool = option(
+        False,
+        "record prompt and completion token ids (asked of vLLM and SGLang, else rendered by --tokenizer)",
+    )
+    logprobs: bool = option(False, "with --token-ids, also ask for the sampled tokens' logprobs")
+    engine: EngineChoice = option("auto", "the upstream's engine, for --token-ids (default auto: ask it)")
     observers: list[str] = option(
         [], "an observer of every exchange, MODULE:ATTR (a class or factory); repeatable", flag="--observer"
     )
@@ -125,6 +132,8 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
+        if self.engine not in ENGINE_CHOICES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {self.engine!r}")
         if self.budget not in BUDGET_POLICIES:
             raise ValueError(f"budget must be one of {', '.join(BUDGET_POLICIES)}, not {self.budget!r}")
         if self.upstream is not None:

@@ -2,7 +2,8 @@
 
 Owns: the typed app key, the pooled upstreams (one `aiohttp.ClientSession` per upstream base URL,
 created on first use and closed with the app), and references to the registry, the observers (the
-record store first), the budget and the conversations kept for translated Responses.
+record store first), the budget, the token-id recorder and the conversations kept for translated
+Responses.
 Does not own: building the app (server.py) or handling requests (relay.py).
 """
 
@@ -28,6 +29,7 @@ from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
+    from modeltap.proxy.token_recorder import TokenIdRecorder
 
 # Connections kept per upstream: one per concurrent rollout, and AReaL runs hundreds at once.
 UPSTREAM_CONNECTIONS = 1024
@@ -45,6 +47,8 @@ class ProxyContext:
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None
     budget_report: str = "off"
+    token_ids: TokenIdRecorder | None = None
+    token_ids_report: str = "off"
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
     anonymous: AnonymousConversations = field(default_factory=AnonymousConversations)
     started: float = field(default_factory=time.time)

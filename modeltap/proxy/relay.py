@@ -3,12 +3,13 @@
     route -> identify the session -> read the body -> budget -> rewrite headers -> relay -> seal
 
 Paths are resolved in routes.py, every format's particulars asked of its dialect (modeltap.dialects),
-token budgets decided in budget.py, streams assembled in dialects/sse.py, upstream paths and client
-errors handled in upstream.py, a format the upstream does not serve translated through chat and a
-stream made for a client that asked for one in translate.py, and the sealed exchange handed to the
-observers (observers.py; the record store is the first). This module only wires them together for
-one request, and is the one boundary for failures: whatever a stage did not expect is answered 500 in
-the client's shape and recorded as `proxy_error`, and the server keeps serving.
+token budgets decided in budget.py, what to ask an engine for its token ids (or render) in
+token_recorder.py, streams assembled in dialects/sse.py, upstream paths and client errors handled in
+upstream.py, a format the upstream does not serve translated through chat and a stream made for a
+client that asked for one in translate.py, and the sealed exchange handed to the observers
+(observers.py; the record store is the first). This module only wires them together for one request,
+and is the one boundary for failures: whatever a stage did not expect is answered 500 in the client's
+shape and recorded as `proxy_error`, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import logging
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
@@ -47,6 +49,7 @@ from modeltap.proxy.errors import (
 from modeltap.proxy.naming import NamingError, client_labels, names_for
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.proxy.sessions import Session
+from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
 from modeltap.proxy.translate import CHAT, StreamTap, Translation, Untouched, synthesised
 from modeltap.proxy.upstream import Reply, Upstream
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
@@ -107,9 +110,10 @@ class Target:
 class _Flow:
     """One request on its way through the stages: the draft of its exchange, the dialect its errors
     are shaped in, and the streamed response once it has begun (after which no error can change the
-    status). The exchange is handed to the observers once, by `deliver`."""
+    status). The exchange is handed to the observers once, by `deliver`; with `render_ids`, after the
+    token ids of a successful answer are rendered (the upstream returns none)."""
 
-    __slots__ = ("ctx", "delivered", "dialect", "draft", "request", "stream")
+    __slots__ = ("ctx", "delivered", "dialect", "draft", "render_ids", "request", "stream")
 
     def __init__(self, ctx: ProxyContext, request: web.Request) -> None:
         self.ctx = ctx
@@ -123,12 +127,21 @@ class _Flow:
         )
         self.stream: web.StreamResponse | None = None
         self.delivered = False
+        self.render_ids = False
 
     async def deliver(self) -> None:
         """Seal the exchange and hand it to the observers, once."""
         if not self.delivered:
             self.delivered = True
-            await self.ctx.observers.exchange(self.draft.seal())
+            draft, recorder = self.draft, self.ctx.token_ids
+            if self.render_ids and recorder is not None and draft.status == 200 and draft.error_class is None:
+                # What went upstream and what came back, in the upstream's format (chat, translated).
+                sent = draft.sent if draft.sent is not None else draft.request_json or {}
+                upstream = dialects.named(draft.translated) if draft.translated else self.dialect
+                answer = draft.received if draft.translated else draft.response
+                reply: dict[str, Any] | bytes | None = answer if answer is not None else draft.response_body
+                draft.token_ids = await recorder.render(upstream, sent, reply)
+            await self.ctx.observers.exchange(draft.seal())
 
     def deliver_later(self) -> None:
         """The same, from a handler that is being cancelled: the proxy's task owner does it."""
@@ -212,8 +225,16 @@ async def _forward(
         translation = Translation.start(dialect, body, ctx.chains, draft.session_id)
         draft.translated = CHAT.name
     payload = await _payload(flow, target, body, translation)
+    upstream_dialect = CHAT if translation else dialect
+    extra: Mapping[str, str] = {}
+    if (
+        ctx.token_ids is not None
+        and payload is not None
+        and upstream_dialect.completion_field({}) is not None
+    ):
+        payload, extra = await _ask_token_ids(flow, ctx.token_ids, target, upstream_dialect, payload)
     try:
-        reply = await _send(flow, target, route, payload, CHAT if translation else dialect)
+        reply = await _send(flow, target, route, payload, upstream_dialect, extra)
     except NotFound as err:
         if translation is None and body is not None and target.upstream.translate_from_now_on(dialect):
             return await _forward(flow, target, route, body, translate=True)
@@ -262,15 +283,45 @@ async def _payload(
     return payload if payload is not None else json.dumps(sent).encode()
 
 
-async def _send(flow: _Flow, target: Target, route: Route, payload: bytes | None, dialect: Dialect) -> Reply:
-    """The upstream's reply for `dialect`'s route (the client's, or chat for a translation). Raises
-    NotFound when the upstream does not serve the route."""
+async def _ask_token_ids(
+    flow: _Flow, recorder: TokenIdRecorder, target: Target, dialect: Dialect, payload: bytes
+) -> tuple[bytes, Mapping[str, str]]:
+    """`payload` (a request of `dialect`, as it goes upstream) and the extra headers that ask the
+    upstream's engine for its token ids; or, when it returns none, the payload as it is and the
+    exchange marked for rendering."""
+    draft = flow.draft
+    body = draft.sent if draft.sent is not None else draft.request_json or {}
+    probe = {"Authorization": f"Bearer {target.key}"} if target.key else {}
+    if not probe and target.pass_client_credentials and hdrs.AUTHORIZATION in flow.request.headers:
+        probe = {"Authorization": flow.request.headers[hdrs.AUTHORIZATION]}
+    engine, ask = await recorder.ask(dialect, body, target.upstream, probe)
+    if ask is None:
+        flow.render_ids = recorder.renders
+        draft.token_ask = "rendered" if recorder.renders else None
+        return payload, {}
+    draft.token_ask = f"{engine.name}: {', '.join([*ask.fields, *ask.headers])}"
+    return with_fields(payload, body, ask.fields), ask.headers
+
+
+async def _send(
+    flow: _Flow,
+    target: Target,
+    route: Route,
+    payload: bytes | None,
+    dialect: Dialect,
+    extra: Mapping[str, str],
+) -> Reply:
+    """The upstream's reply for `dialect`'s route (the client's, or chat for a translation), with the
+    `extra` headers the token-id stage asks for. Raises NotFound when the upstream does not serve the
+    route."""
     request = flow.request
+    headers = _upstream_headers(request, target, dialect, translated=dialect is not flow.dialect)
+    headers.update(extra)
     return await target.upstream.send(
         dialect,
         request.method,
         _forwarded_query(flow),
-        _upstream_headers(request, target, dialect, translated=dialect is not flow.dialect),
+        headers,
         payload,
         # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
         f"/{quote(route.item, safe='')}" if route.item else "",

@@ -1,9 +1,9 @@
 """build_app(config) -> aiohttp Application, and Proxy: the app started and stopped in-process.
 
-Owns: the app's routes and lifecycle (the store and the upstream pools start with the app and close
-with it, in `cleanup_ctx`), its observers in order (the record store first, then OTLP export, then
-`--observer` ones, then those given in process), binding, and the base URLs a host process and a
-container should use.
+Owns: the app's routes and lifecycle (the tokenizer, budget and token-id recorder are set up, and the
+store and the upstream pools start with the app and close with it, in `cleanup_ctx`), its observers
+in order (the record store first, then OTLP export, then `--observer` ones, then those given in
+process), binding, and the base URLs a host process and a container should use.
 Does not own: what happens to one request (relay.py).
 
     async with Proxy(ProxyConfig(upstream="http://127.0.0.1:8000", port=0), observers=[printer]) as proxy:
@@ -29,11 +29,13 @@ from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
+from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder
 from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
+    from modeltap.proxy.tokens import TokenCounter
     from modeltap.records.otlp import OtlpExport
 
 log = logging.getLogger(__name__)
@@ -120,7 +122,9 @@ def _otlp(config: ProxyConfig) -> list[OtlpExport]:
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
-    ctx.budget, ctx.budget_report = await _budget(ctx)
+    counter = await _counter(ctx.config)
+    ctx.budget, ctx.budget_report = await _budget(ctx, counter)
+    ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
     ctx.store.start()
     ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
@@ -130,15 +134,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await ctx.store.close()
 
 
-async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
-    """The token budget in force and the start-up line that says so, with where each limit came from."""
-    config = ctx.config
-    if config.budget == "off":
-        return None, "off (--budget off)"
-    if config.tokenizer is None:
-        return None, "off (no --tokenizer: modeltap counts only with the served model's own tokenizer)"
+async def _counter(config: ProxyConfig) -> TokenCounter | None:
+    """The served model's tokenizer, when a budget or `--token-ids` needs it and one is configured."""
+    if config.tokenizer is None or (config.budget == "off" and not config.token_ids):
+        return None
     _require_budget_extra()
-    from modeltap.proxy.budget import Budget, Limits, discover_limits
     from modeltap.proxy.tokens import TokenCounter
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
@@ -146,17 +146,27 @@ async def _budget(ctx: ProxyContext) -> tuple[Budget | None, str]:
     areal = config.layout in ("areal", "areal-gateway")
     # Off the loop: a first load reads the vocabulary for a second or two (a later one, of the same
     # folder in this process, is shared: tokens.SHARED).
-    counter = await asyncio.to_thread(
+    return await asyncio.to_thread(
         TokenCounter.load,
         config.tokenizer,
         config.chat_template_kwargs,
         request_template_kwargs=not areal,
         openai_typed_chat=areal,
     )
+
+
+async def _budget(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[Budget | None, str]:
+    """The token budget in force and the start-up line that says so, with where each limit came from."""
+    config = ctx.config
+    if config.budget == "off":
+        return None, "off (--budget off)"
+    if counter is None:
+        return None, "off (no --tokenizer: modeltap counts only with the served model's own tokenizer)"
+    from modeltap.proxy.budget import Budget, Limits, discover_limits
+
     context_length, source = config.context_length, "--context-length"
     if context_length is None and config.upstream is not None:
-        headers = {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
-        context_length, source = await discover_limits(ctx.upstream(config.upstream), headers)
+        context_length, source = await discover_limits(ctx.upstream(config.upstream), _probe_headers(config))
     if context_length is None:
         return None, f"off: no context length ({source}); give --context-length"
     sources = {"context_length": source, "engine_max_tokens": "--engine-max-tokens", "reserve": "--reserve"}
@@ -176,6 +186,32 @@ def _require_budget_extra() -> None:
                 f"--tokenizer needs the budget's dependencies ({name} is not installed): "
                 "pip install 'modeltap[budget]'"
             ) from exc
+
+
+async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[TokenIdRecorder | None, str]:
+    """The token-id recorder, with the default upstream's engine learnt at start, and its start-up line.
+    Where the served tokenizer renders ids, the record store decodes the ids around a break with it."""
+    config = ctx.config
+    if not config.token_ids:
+        return None, "off (no --token-ids)"
+    renderer = await asyncio.to_thread(IdRenderer, counter) if counter is not None else None
+    recorder = TokenIdRecorder(config, renderer)
+    if renderer is not None:
+        ctx.store.tokens.decoder = renderer.decode_each
+    rendered = f"rendered with {config.tokenizer}" if renderer is not None else None
+    if config.upstream is None:
+        return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"
+    engine = await recorder.engine(ctx.upstream(config.upstream), _probe_headers(config))
+    if engine.name != "unknown":
+        fallback = f", else {rendered}" if rendered else ""
+        return recorder, f"asked of {engine.describe()}{fallback}"
+    if rendered:
+        return recorder, f"{rendered} (the upstream's engine is unknown: {engine.source})"
+    return recorder, "none: the upstream's engine is unknown and there is no --tokenizer to render with"
+
+
+def _probe_headers(config: ProxyConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {config.upstream_key}"} if config.upstream_key else {}
 
 
 async def _expire_sessions(ctx: ProxyContext) -> None:
@@ -338,6 +374,7 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
         f"            browse them: modeltap ui --store {config.store_path.resolve()}",
         f"  spans     {_spans(config)}",
         f"  budget    {proxy.context.budget_report}",
+        f"  token ids {proxy.context.token_ids_report}",
         f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",
         f"            with Authorization: Bearer {shown_key}",
     ]

@@ -211,6 +211,32 @@ class TokenCounter:
                 raise
             raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
 
+    def render(
+        self, dialect: Dialect, body: dict[str, Any], reply: Mapping[str, Any] | None = None
+    ) -> str | TextPrompt:
+        """The text the served model's template makes of `body`'s prompt, rendered in full as a check
+        renders it; with `reply` (the answer as an OpenAI chat assistant message), the conversation
+        with the reply appended and no generation prompt. A completions prompt comes back as it is: no
+        template renders it. For `serve --token-ids` where the server returns no ids
+        (proxy/token_recorder.py encodes the text). Blocking; raises CountError as `count` does."""
+        try:
+            prompt = dialect.prompt(body, openai_typed=self._openai_typed_chat)
+            if isinstance(prompt, TextPrompt):
+                return prompt
+            request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
+            messages = [*prompt.messages, reply] if reply is not None else list(prompt.messages)
+            normalise = self._normaliser(prompt.tools)
+            return self._tokenizer.template.render(
+                [normalise(message) for message in messages],
+                tools=prompt.tools,
+                add_generation_prompt=reply is None,
+                **self._kwargs(request_kwargs),
+            )
+        except RENDER_ERRORS as exc:
+            if isinstance(exc, CountError):
+                raise
+            raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
+
     # --- chat ---------------------------------------------------------------------------------------
 
     def _kwargs(self, request_kwargs: Mapping[str, Any]) -> dict[str, Any]:

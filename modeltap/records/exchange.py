@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from modeltap.dialects.token_ids import TokenIds
+
 # An upstream error message, or a response that is not a JSON object (an HTML page, plain text), is
 # kept up to this size: AReaL's "Failed after N retries" detail can carry a whole prompt's token ids
 # (docs/areal.md §4.1), and its start says what went wrong.
@@ -41,7 +43,9 @@ class ExchangeDraft:
     `response_body` holds the bytes of a non-streamed upstream response, which the store parses off the
     event loop. `translated` names the format the exchange went upstream as when modeltap translated it
     ("chat"), and `received` holds the upstream's answer in that format; `synthesised` says the client's
-    stream was written from a JSON answer."""
+    stream was written from a JSON answer. With `serve --token-ids`, `token_ask` says what modeltap asked
+    the engine for (the ids themselves come back in the response), and `token_ids` holds the ids modeltap
+    rendered where the engine returns none."""
 
     # False until sealed, so that an Exchange built directly can tell its own construction (the
     # generated __init__ assigning each field) from a later assignment.
@@ -74,6 +78,8 @@ class ExchangeDraft:
     translated: str | None = None
     received: dict[str, Any] | None = None
     synthesised: bool = False
+    token_ask: str | None = None
+    token_ids: TokenIds | None = None
 
     def __post_init__(self) -> None:
         """A draft stays open; an Exchange built directly is sealed once built."""

@@ -1,11 +1,12 @@
 """A recorded session in the formats other tools read: HAR 1.2, JSON lines, chat messages for SFT, and
-OpenTelemetry spans sent to a tracing backend.
+token lines for RL trainers, and OpenTelemetry spans sent to a tracing backend.
 
-Owns: `modeltap export` (`har`, `jsonl`, `messages`, and `otlp`, which sends through otlp.py). Streamed
-responses go into the HAR as their events (streams.py), where mitmproxy's HAR keeps no body at all for a
-streamed response (docs/peers.md §8.2). Does not own: reading the store (store.py), a format's
-conversion to chat (its dialect), synthesising streams (streams.py), turn views (view.py) or spans
-(genai.py, otlp.py).
+Owns: `modeltap export` (`har`, `jsonl`, `messages`, `tokens`: token_export.py writes those lines, and
+`otlp`, which sends through otlp.py), and the rule that picks a session's final conversation, which
+`messages` and `tokens` share. Streamed responses go into the HAR as their events (streams.py), where
+mitmproxy's HAR keeps no body at all for a streamed response (docs/peers.md §8.2). Does not own:
+reading the store (store.py), a format's conversion to chat (its dialect), synthesising streams
+(streams.py), turn views (view.py) or spans (genai.py, otlp.py).
 
     with StoreReader(path) as reader:
         write_export(reader, "s-3f2a", "har", sys.stdout)
@@ -14,7 +15,7 @@ conversion to chat (its dialect), synthesising streams (streams.py), turn views 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any, TextIO
@@ -23,9 +24,10 @@ from urllib.parse import parse_qsl, urlsplit
 from modeltap import __version__, dialects
 from modeltap.records.store import StoreReader
 from modeltap.records.streams import stream_events
+from modeltap.records.token_export import token_lines
 from modeltap.records.view import pretty
 
-FORMATS = ("har", "jsonl", "messages", "otlp")
+FORMATS = ("har", "jsonl", "messages", "otlp", "tokens")
 # Each JSONL line says which format it is in; a reader checks it before trusting the fields.
 JSONL_FORMAT = "modeltap.exchange"
 JSONL_FORMAT_VERSION = 1
@@ -35,7 +37,7 @@ LOCAL_ORIGIN = "http://modeltap.invalid"
 
 
 def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) -> None:
-    """Write session `session_id` to `out` in `fmt`: "har", "jsonl" or "messages"."""
+    """Write session `session_id` to `out` in `fmt`: "har", "jsonl", "messages" or "tokens"."""
     if fmt == "har":
         out.write(pretty(har(reader, session_id)) + "\n")
     elif fmt == "jsonl":
@@ -43,18 +45,25 @@ def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) ->
             out.write(line + "\n")
     elif fmt == "messages":
         out.write(json.dumps(conversation(reader.exchanges(session_id)), ensure_ascii=False) + "\n")
+    elif fmt == "tokens":
+        with_ids = {turn["exchange_id"] for turn in reader.token_turns(session_id) if turn["source"]}
+        exchanges = [ex for ex in reader.exchanges(session_id) if ex["id"] in with_ids]
+        if not exchanges:
+            raise ValueError(f"session {session_id} has no token ids: record it with `serve --token-ids`")
+        for record in token_lines(reader, session_id, final_exchange(exchanges, "generating")["id"]):
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
     else:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
 
 
-def send_otlp(reader: StoreReader, session_ids: Sequence[str], endpoint: str, *, content: bool) -> int:
-    """Send the sessions' exchanges to an OTLP/HTTP traces `endpoint` as spans with their original
-    times, a session at a time; returns how many were sent."""
+def send_otlp(sessions: Iterable[tuple[StoreReader, str]], endpoint: str, *, content: bool) -> int:
+    """Send the exchanges of the sessions (each named with the store it is in) to an OTLP/HTTP traces
+    `endpoint` as spans with their original times, a session at a time; returns how many were sent."""
     try:
         from modeltap.records.otlp import backfill  # the optional extra, loaded only when asked for
     except ImportError as exc:
         raise ValueError(str(exc)) from exc
-    rows = (row for session_id in session_ids for row in reader.exchanges(session_id))
+    rows = (row for reader, session_id in sessions for row in reader.exchanges(session_id))
     return backfill(rows, endpoint, content=content)
 
 
@@ -189,22 +198,12 @@ def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The session's final conversation in OpenAI chat format: `{"messages": [...], "tools": [...]}`,
     one line of an SFT set (OpenAI's fine-tuning format for chat with tools).
 
-    The final conversation is the last successful exchange that offered tools, else the last
-    successful one: agents interleave tool-less side requests (opencode's title, a compaction
-    summary: docs/agents.md §3.5) with their main loop, and those are not the conversation. Its request
-    history is followed by its reply, converted to chat by its format's dialect.
+    The final conversation is that of `final_exchange`: its request history followed by its reply,
+    converted to chat by its format's dialect.
     """
-    done = [
-        ex
-        for ex in exchanges
-        if dialects.of_record(ex["endpoint"]).history_field is not None
-        and ex["status"] == 200
-        and isinstance(ex.get("request"), dict)
-        and isinstance(ex.get("response"), dict)
-    ]
-    if not done:
-        raise ValueError("the session has no successful chat, messages or responses exchange to export")
-    final = ([ex for ex in done if ex["request"].get("tools")] or done)[-1]
+    conversational = [ex for ex in exchanges if dialects.of_record(ex["endpoint"]).history_field is not None]
+    final = final_exchange(conversational, "chat, messages or responses")
+    done = [ex for ex in conversational if _succeeded(ex)]
     earlier = [
         (ex["request"], ex["response"])
         for ex in done
@@ -214,6 +213,26 @@ def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if chat is None:
         raise ValueError(f"{final['endpoint']} exchanges hold no conversation to export")
     return {"messages": chat.messages, "tools": chat.tools} if chat.tools else {"messages": chat.messages}
+
+
+def final_exchange(exchanges: Sequence[dict[str, Any]], formats: str) -> dict[str, Any]:
+    """The exchange that ends a session's main conversation: the last successful one that offered
+    tools, else the last successful one. Agents interleave tool-less side requests (opencode's title, a
+    compaction summary: docs/agents.md §3.5) with their main loop, and those are not the conversation.
+    Raises ValueError naming the `formats` looked for when none of `exchanges` succeeded."""
+    done = [ex for ex in exchanges if _succeeded(ex)]
+    if not done:
+        raise ValueError(f"the session has no successful {formats} exchange to export")
+    return ([ex for ex in done if ex["request"].get("tools")] or done)[-1]
+
+
+def _succeeded(ex: dict[str, Any]) -> bool:
+    return (
+        dialects.of_record(ex["endpoint"]).completion_field(ex.get("request") or {}) is not None
+        and ex["status"] == 200
+        and isinstance(ex.get("request"), dict)
+        and isinstance(ex.get("response"), dict)
+    )
 
 
 def _iso(ts: float) -> str:

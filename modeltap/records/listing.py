@@ -22,9 +22,20 @@ LOG_LINES_SHOWN = 5
 
 
 def sessions_table(sessions: Sequence[dict[str, Any]], *, with_store: bool = False) -> str:
-    """One line per session: id, when it started, turns, tokens, errors, reward, outcome, labels (and
-    the store it is in, with `with_store`)."""
-    head = ("SESSION", "STARTED", "TURNS", "PROMPT", "COMPLETION", "ERRORS", "REWARD", "OUTCOME", "LABELS")
+    """One line per session: id, when it started, turns, tokens, errors, the turn where its token
+    history first breaks, reward, outcome, labels (and the store it is in, with `with_store`)."""
+    head = (
+        "SESSION",
+        "STARTED",
+        "TURNS",
+        "PROMPT",
+        "COMPLETION",
+        "ERRORS",
+        "DRIFT",
+        "REWARD",
+        "OUTCOME",
+        "LABELS",
+    )
     rows = [head + (("STORE",) if with_store else ())]
     for s in sessions:
         row = (
@@ -34,6 +45,7 @@ def sessions_table(sessions: Sequence[dict[str, Any]], *, with_store: bool = Fal
             num(s["prompt_tokens"]),
             num(s["completion_tokens"]),
             str(s["errors"] or 0),
+            f"#{s['token_drift']['turn']}" if s.get("token_drift") else "-",
             reward_text(s["reward"]),
             s["outcome"] or "-",
             " ".join(f"{k}={v}" for k, v in s["labels"].items()),

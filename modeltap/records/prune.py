@@ -1,10 +1,11 @@
 """Keeping a records database in bounds: deleting whole sessions (`modeltap prune`) and giving the
 space back to the file system (`modeltap vacuum`), safely while `serve` writes to it.
 
-Owns: choosing what to delete (the sessions last active before a time, or all but the newest N,
-either among those with given labels), deleting them a few per transaction (their exchanges, label
-rows and share of the group totals, and the blobs that no other session references), reporting what
-that freed, and vacuuming. Does not own: the schema (store.py, rollups.py) or the filters (query.py).
+Owns: choosing what to delete (the sessions last active before a time, or all but the newest N, either
+among those with given labels), deleting them a few per transaction (their exchanges, label rows and
+share of the group totals, their token ids, and the blobs and token nodes that no other session
+references), reporting what that freed, and vacuuming. Does not own: the schema (store.py, rollups.py)
+or the filters (query.py).
 
 Beside a running `serve`: each transaction is short, so the writer waits for the lock (its busy
 timeout) and never fails for it; a reader (WAL) sees a session whole or not at all; the writer
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from modeltap.records import rollups
+from modeltap.records import rollups, token_store
 from modeltap.records.query import SessionQuery
 from modeltap.records.store import StoreReader, connect, migrate, wal_path
 
@@ -102,6 +103,8 @@ def prune(
         freed = Freed()
         for start in range(0, len(doomed), PRUNE_BATCH_SESSIONS):
             freed += _delete(conn, doomed[start : start + PRUNE_BATCH_SESSIONS])
+        if doomed:
+            freed += Freed(bytes=token_store.drop_unreachable(conn))
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
         free_pages = conn.execute("PRAGMA freelist_count").fetchone()[0]
         return freed + Freed(free_bytes=page_size * free_pages)
@@ -168,16 +171,21 @@ def _delete(conn: Connection, session_ids: Sequence[str]) -> Freed:
                    FROM exchanges WHERE session_id = ?""",
                 (session_id,),
             ).fetchone()
+            logprobs = conn.execute(
+                "SELECT COALESCE(SUM(LENGTH(logprobs)), 0) FROM exchange_tokens WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()[0]
             linked = conn.execute("SELECT hash FROM session_blobs WHERE session_id = ?", (session_id,))
             candidates.update(digest for (digest,) in linked)
             for sql in (
                 "DELETE FROM exchanges WHERE session_id = ?",
+                "DELETE FROM exchange_tokens WHERE session_id = ?",
                 "DELETE FROM session_labels WHERE session_id = ?",
                 "DELETE FROM session_blobs WHERE session_id = ?",
                 "DELETE FROM sessions WHERE id = ?",
             ):
                 conn.execute(sql, (session_id,))
-            sessions, exchanges, stored = sessions + 1, exchanges + count, stored + size
+            sessions, exchanges, stored = sessions + 1, exchanges + count, stored + size + logprobs
         blobs = 0
         for digest in candidates:  # the links just deleted counted themselves out of `refs`
             sql = "DELETE FROM blobs WHERE hash = ? AND refs <= 0 RETURNING LENGTH(data)"

@@ -32,7 +32,8 @@ SORTS: tuple[Sort, ...] = get_args(Sort)
 
 SESSION_COLUMNS = (
     "s.id, s.created, s.labels, s.upstream, s.closed, s.exchanges, s.first, s.last, s.prompt_tokens, "
-    "s.completion_tokens, s.errors, s.model, s.reward, s.outcome, s.rollout, s.rev"
+    "s.completion_tokens, s.errors, s.model, s.reward, s.outcome, s.rollout, s.rev, "
+    "s.token_drift"
 )
 GROUPS_SQL = """
     SELECT value, sessions, exchanges, prompt_tokens, completion_tokens, errors, rewarded, reward_sum

@@ -14,7 +14,8 @@ element of a request's history (the dialect's `history_field`: `messages`, `inpu
 fields (`tools`, `system`, `instructions`) is a blob keyed by a 128-bit BLAKE2b digest of its JSON.
 A list that extends the session's previous list is stored as a node `{"prev": <previous node>, "add":
 [<hashes of the new elements>]}`, so a turn costs its new messages plus a few references, not
-references to its whole history.
+references to its whole history. Token ids are stored the same way, by records/token_store.py, which
+the writer runs after each exchange.
 
     store = RecordStore(".modeltap/records.db")
     store.start()
@@ -41,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from modeltap import __version__, dialects
-from modeltap.records import query, references, rollups
+from modeltap.dialects.token_ids import without_ids
+from modeltap.records import query, references, rollups, token_store
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, Exchange, SessionEvent
 from modeltap.records.jsontext import dumps as _dumps
 from modeltap.records.jsontext import safe_text as _safe_text
@@ -131,6 +133,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     # 3: running aggregates in the session rows and label groups, rollout outcomes, and which
     # sessions reference which blobs (so a prune deletes only blobs no other session holds)
     _rollups_and_references,
+    # 4: token ids and token-history breaks (`serve --token-ids`)
+    token_store.MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -242,6 +246,7 @@ class RecordStore:
         self._rollups = rollups.Rollups()
         self._data_version: int | None = None
         self._size_warned = False
+        self.tokens = token_store.TokenWriter()
 
     def start(self) -> None:
         """Open (creating and migrating) the database and start the writer thread."""
@@ -407,6 +412,7 @@ class RecordStore:
         self._last_lists.clear()
         self._linked.clear()
         self._rollups.forget()
+        self.tokens.reset()
 
     def _check_size(self) -> None:
         """Warn once when the database (with its write-ahead log) passes `max_bytes`."""
@@ -475,6 +481,14 @@ class RecordStore:
         request = ex.request_json if ex.request_json is not None else _loads(ex.request)
         response, response_text = _response(ex)
         summary = dialect.summary(request, response)
+        # A translated exchange's ids came with the upstream's own answer, in its format.
+        upstream = dialects.of_record(ex.translated or ex.endpoint)
+        answered = ex.received if ex.translated else response
+        ids = token_store.recorded_ids(ex, upstream, ex.sent if ex.translated else request, answered)
+        # Served ids are stored once, as shared prefixes, and not again in every turn's body.
+        served = ids is not None and ex.token_ids is None
+        stored = without_ids(response) if served and not ex.translated and response else response
+        received = without_ids(ex.received) if served and ex.received else ex.received
         budget = ex.budget or {}
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
         model = _safe_text(model if isinstance(model, str) else None)
@@ -509,10 +523,8 @@ class RecordStore:
                 ex.ended,
                 model,
                 self._pack_request(conn, dialect, ex.session_id, request, ex.request),
-                self._pack_request(conn, dialects.of_record(ex.translated or ex.endpoint), None, ex.sent, b"")
-                if ex.sent is not None
-                else None,
-                _compress_json(response) if response is not None else _compress_text(response_text),
+                self._pack_request(conn, upstream, None, ex.sent, b"") if ex.sent is not None else None,
+                _compress_json(stored) if stored is not None else _compress_text(response_text),
                 zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
                 _safe_text(summary.finish_reason),
                 summary.prompt_tokens,
@@ -526,10 +538,11 @@ class RecordStore:
                 ex.retry_count,
                 ex.client_disconnected,
                 ex.translated,
-                _compress_json(ex.received) if ex.received is not None else None,
+                _compress_json(received) if received is not None else None,
                 ex.synthesised,
             ),
         )
+        self.tokens.write(conn, ex, ids, dialect, request, response, summary.finish_reason)
         self._link(conn, session if session is not None else NO_SESSION)
 
     def _link(self, conn: sqlite3.Connection, owner: str) -> None:
@@ -800,12 +813,32 @@ class StoreReader:
         return zlib.decompress(row[0]) if row is not None and row[0] is not None else None
 
     def size_bytes(self) -> dict[str, int]:
-        """Stored bytes of request skeletons, responses and blobs (compressed), for storage reports."""
+        """Stored bytes of request skeletons, responses, blobs and token ids (compressed), for storage
+        reports."""
         req, resp = self._conn.execute(
             "SELECT COALESCE(SUM(LENGTH(request)), 0), COALESCE(SUM(LENGTH(response)), 0) FROM exchanges"
         ).fetchone()
         blobs = self._conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM blobs").fetchone()[0]
-        return {"requests": req, "responses": resp, "blobs": blobs, "total": req + resp + blobs}
+        tokens = token_store.token_bytes(self._conn)
+        total = req + resp + blobs + tokens
+        return {"requests": req, "responses": resp, "blobs": blobs, "token_ids": tokens, "total": total}
+
+    def token_turns(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's exchanges that hold token ids or were asked for them, in recording order:
+        `turn`, `source`, lengths, nodes, `continues`, `shared` and `drift` (records/token_store.py)."""
+        return token_store.session_tokens(self._conn, session_id)
+
+    def token_sequence(self, node: str) -> list[int]:
+        """The ids a token node stands for (a turn's `prompt_node` or `sequence_node`)."""
+        return token_store.load_sequence(self._conn, node).tolist()
+
+    def token_completion(self, turn: dict[str, Any]) -> list[int]:
+        """The completion ids of a token turn (one of `token_turns`)."""
+        return token_store.node_ids(self._conn, turn["sequence_node"]).tolist()
+
+    def token_logprobs(self, turn: dict[str, Any]) -> list[float | None] | None:
+        """The completion's logprobs of a token turn, when they were recorded."""
+        return token_store.unpack_logprobs(turn["logprobs"])
 
     def _row(self, row: sqlite3.Row, bodies: bool) -> dict[str, Any]:
         out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response", "received")}
@@ -864,4 +897,5 @@ def _session(row: sqlite3.Row) -> dict[str, Any]:
     out = dict(row)
     out["labels"] = json.loads(out["labels"])
     out["rollout"] = json.loads(out["rollout"]) if out["rollout"] else None
+    out["token_drift"] = json.loads(out["token_drift"]) if out["token_drift"] else None
     return out

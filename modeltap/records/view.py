@@ -2,10 +2,11 @@
 
 Owns: turning a session's exchanges into turns, each saying what it added against the turn whose
 conversation it continues (new messages, tool calls and their results, the reply, finish reason,
-tokens, timing, budget decision, error), as JSON-ready dicts (`show --json`, `tail --json`, the web
-viewer) and as text (`show`, a `tail` line). Does not own: reading the store (store.py), reading one
-body (its format's dialect), listings of sessions and groups (listing.py), following a store as it
-grows (tail.py), export formats (export.py).
+tokens, timing, budget decision, error, and with `--token-ids` its ids and any break in its token
+history), as JSON-ready dicts (`show --json`, `tail --json`, the web viewer) and as text (`show`, a
+`tail` line). Does not own: reading the store (store.py), reading one body (its format's dialect),
+listings of sessions and groups (listing.py), following a store as it grows (tail.py), export
+formats (export.py).
 
 A turn is one exchange of the session, numbered from 1 in recording order, so `show S 3`,
 `replay S --turn 3` and the viewer's #3 name the same exchange.
@@ -36,16 +37,22 @@ LINE_CHARS = 110
 _ROLE_WIDTH = 10
 
 
-def turns(exchanges: Sequence[dict[str, Any]], *, full: bool = False) -> list[dict[str, Any]]:
+def turns(
+    exchanges: Sequence[dict[str, Any]], *, full: bool = False, tokens: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
     """A session's exchanges (from `StoreReader.exchanges(session)`, with bodies) as turns, numbered
     from 1. With `full`, each turn also carries its `request`, `sent` (the body as it went upstream
     when the budget clamped it or modeltap translated it), `response` and `received` (the upstream's
-    own answer to a translated request)."""
+    own answer to a translated request). `tokens` are the session's token rows
+    (`StoreReader.token_turns(session)`)."""
+    by_exchange = {row["exchange_id"]: row for row in tokens}
+    numbers = {row["exchange_id"]: row["turn"] for row in tokens}
     out = []
     for index, ex in enumerate(exchanges):
         continues = _continued(exchanges, index)
         previous = exchanges[continues]["request"] if continues is not None else None
         turn = turn_record(ex, index + 1, previous, continues + 1 if continues is not None else None)
+        turn |= _token_fields(by_exchange.get(ex["id"]), numbers)
         if full:
             turn |= {key: ex.get(key) for key in ("request", "sent", "response", "received")}
         out.append(turn)
@@ -99,6 +106,16 @@ def turn_record(
     }
 
 
+def _token_fields(row: dict[str, Any] | None, numbers: dict[str, int]) -> dict[str, Any]:
+    """A turn's `token_ids` (where they came from, their counts, the turn they continue) and its
+    `token_drift` (the break in its token history, or None)."""
+    if row is None:
+        return {"token_ids": None, "token_drift": None}
+    summary = {key: row[key] for key in ("source", "ask", "prompt_length", "completion_length", "shared")}
+    summary["continues"] = numbers.get(row["continues"]) if row["continues"] else None
+    return {"token_ids": summary, "token_drift": row["drift"]}
+
+
 def _upstream_reply(ex: dict[str, Any]) -> dict[str, Any] | None:
     """What the upstream answered a translated request, in its own format, at a glance."""
     if not ex.get("translated") or not isinstance(ex.get("received"), dict):
@@ -126,11 +143,15 @@ def tool_results(messages: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def session_turns(
-    session_id: str, exchanges: Sequence[dict[str, Any]], session: dict[str, Any] | None = None
+    session_id: str,
+    exchanges: Sequence[dict[str, Any]],
+    session: dict[str, Any] | None = None,
+    *,
+    tokens: Sequence[dict[str, Any]] = (),
 ) -> str:
     """A session turn by turn, each with what it added, one line per message (`modeltap show S`);
     with its row (`StoreReader.session`), a rollout's reward and outcome come first."""
-    listed = turns(exchanges)
+    listed = turns(exchanges, tokens=tokens)
     labels = listed[0]["labels"] if listed else {}
     title = f"session {session_id}: {len(listed)} turn(s)"
     if labels:
@@ -217,7 +238,45 @@ def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
         lines += _wrapped(
             f"{indent}! {turn['error']['class']:<{_ROLE_WIDTH}} ", turn["error"]["message"] or "", width
         )
+    return lines + _token_lines(turn, indent, width)
+
+
+def _token_lines(turn: dict[str, Any], indent: str, width: int | None) -> list[str]:
+    """The break in the turn's token history, and in full its ids' summary and the two sides."""
+    ids, drift = turn.get("token_ids"), turn.get("token_drift")
+    lines: list[str] = []
+    if drift:
+        where = f"at id {drift['position']} of the prompt continuing #{drift['continues_turn']}"
+        lines += _wrapped(f"{indent}! {'token drift':<{_ROLE_WIDTH}} ", f"{where}: {drift['text']}", width)
+    if width is None and ids:
+        lines.append(f"{indent}token ids {_ids_text(ids)}")
+    if width is None and drift:
+        for side, title in (("expected", "expected"), ("got", "got")):
+            lines.append(f"{indent}  {title:<9}{_window_text(drift[side], drift['position'])}")
     return lines
+
+
+def _ids_text(ids: dict[str, Any]) -> str:
+    if ids["source"] is None:
+        return (
+            "none: they could not be rendered"
+            if ids["ask"] == "rendered"
+            else f"none came back (asked {ids['ask']})"
+        )
+    text = f"{ids['source']}: prompt {ids['prompt_length']}, completion {ids['completion_length']}"
+    if ids["continues"] is not None:
+        text += f", continues #{ids['continues']} sharing {ids['shared']}"
+    return text
+
+
+def _window_text(side: dict[str, Any], position: int) -> str:
+    """The ids around a break, decoded when the record has their text, the first differing one marked."""
+    pieces = side["text"] or [str(token) for token in side["ids"]]
+    shown = [json.dumps(piece, ensure_ascii=False) if side["text"] else piece for piece in pieces]
+    mark = position - side["start"]
+    if 0 <= mark < len(shown):
+        shown[mark] = f"[{shown[mark]}]"
+    return " ".join(shown)
 
 
 def _translation_lines(turn: dict[str, Any], indent: str) -> list[str]:

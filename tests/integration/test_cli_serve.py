@@ -26,8 +26,10 @@ START_TIMEOUT_S = 20.0
 REQUESTS = 20
 
 
-def start_serve(args: list[str], store: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start `modeltap serve` and read its start-up report (up to the container URLs)."""
+def start_serve(
+    args: list[str], store: Path, timeout_s: float = START_TIMEOUT_S
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start `modeltap serve` and read its start-up report (up to the container URLs) within `timeout_s`."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "modeltap", "serve", "--port", "0", "--store", str(store), *args],
         stdout=subprocess.PIPE,
@@ -36,7 +38,7 @@ def start_serve(args: list[str], store: Path) -> tuple[subprocess.Popen[str], li
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )
     lines: list[str] = []
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     while time.monotonic() < deadline:
         line = proc.stdout.readline()

@@ -31,6 +31,7 @@ from tests.standins import (
     StandIn,
     approx_tokens,
 )
+from tests.standins import token_engine as te
 from tests.standins.areal import BAD_SESSION_KEY, MISSING_TOKEN
 
 USER = [{"role": "user", "content": "hello"}]
@@ -55,6 +56,11 @@ async def _post(
     ):
         text = await response.text()
         return response.status, json.loads(text) if text else None
+
+
+async def _get(url: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        return response.status, await response.json(content_type=None)
 
 
 def _sse_data(raw: bytes) -> list[Any]:
@@ -503,6 +509,60 @@ def test_openai_like_streams_tool_arguments_in_pieces_the_sdk_reassembles(
         c.choices[0].delta.tool_calls[0].function.arguments for c in chunks if c.choices[0].delta.tool_calls
     ]
     assert len(pieces) == 3 and json.loads("".join(p or "" for p in pieces)) == {"command": TOOL_COMMAND}
+
+
+async def _stream(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[Any]:
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        return _sse_data(await r.read())
+
+
+PROMPT_IDS = te.render(USER)
+TITLE_IDS = te.completion(TITLE)
+
+
+async def test_vllm_returns_token_ids_only_when_asked_top_level_prompt_per_choice_completion(
+    vllm_standin: OpenAILikeStandIn,
+) -> None:
+    url = vllm_standin.v1_url + "/chat/completions"
+    _, plain = await _post(url, {"messages": USER})
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+    _, body = await _post(url, {"messages": USER, "return_token_ids": True, "logprobs": True})
+    assert body["prompt_token_ids"] == PROMPT_IDS and body["choices"][0]["token_ids"] == TITLE_IDS
+    assert len(body["choices"][0]["logprobs"]["content"]) == len(TITLE_IDS)
+    *chunks, done = await _stream(url, {"messages": USER, "stream": True, "return_token_ids": True})
+    # The prompt's ids on the first chunk, each chunk's own ids, the end-of-turn id on the finish chunk.
+    assert done == "[DONE]" and chunks[0]["prompt_token_ids"] == PROMPT_IDS
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == TITLE_IDS
+    assert chunks[-1]["choices"][0]["token_ids"] == [te.IM_END] and chunks[-1]["choices"][0]["finish_reason"]
+    _, version = await _get(vllm_standin.url + "/version")
+    assert version == {"version": "0.11.0"}
+
+
+async def test_sglang_refuses_return_token_ids_on_a_streamed_chat_and_streams_sglext_last(
+    sglang_standin: OpenAILikeStandIn,
+) -> None:
+    url = sglang_standin.v1_url + "/chat/completions"
+    status, refusal = await _post(url, {"messages": USER, "stream": True, "return_token_ids": True})
+    assert status == 400 and refusal["message"].startswith("return_token_ids is not supported with streaming")
+    _, body = await _post(url, {"messages": USER, "return_token_ids": True})
+    choice = body["choices"][0]
+    assert (choice["prompt_token_ids"], choice["response_token_ids"]) == (PROMPT_IDS, TITLE_IDS)
+    headers = {"x-sglext-return-input-ids": "1", "x-sglext-return-output-ids": "1"}
+    *chunks, done = await _stream(url, {"messages": USER, "stream": True}, headers)
+    assert done == "[DONE]" and chunks[-1]["choices"] == []
+    assert chunks[-1]["sglext"] == {"input_ids": PROMPT_IDS, "output_ids": [TITLE_IDS]}
+    _, info = await _get(sglang_standin.url + "/server_info")
+    assert info["version"] == "0.5.23"
+
+
+async def test_completions_carry_both_id_lists_per_choice_in_either_flavour(standin_factory: Factory) -> None:
+    for flavor in ("vllm", "sglang"):
+        upstream = standin_factory(OpenAILikeStandIn, flavor=flavor)
+        url = upstream.v1_url + "/completions"
+        *chunks, _ = await _stream(url, {"prompt": "hello", "stream": True, "return_token_ids": True})
+        assert chunks[0]["choices"][0]["prompt_token_ids"] == te.encode("hello")
+        assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == TITLE_IDS
 
 
 # --- Anthropic ----------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ with `max_model_len`, each flavour's context checks and error body (vLLM nested,
 docs/token-budgets.md §1.1, §1.4, §2.1, §2.3), vLLM's `model_not_found`-style 404, and
 OpenAI SSE as the agents accepted it (docs/agents.md §2.1): a role chunk, the text or the tool-call
 arguments spread over several chunks, a finish chunk, a usage chunk with `choices: []` only when
-`stream_options.include_usage` is set, then `[DONE]`. Does not own: the scripted reply (script.py) or
-logging and faults (server.py).
+`stream_options.include_usage` is set, then `[DONE]`. With the engines' token-id extensions asked for,
+the prompt and completion ids (token_engine.py) where each flavour puts them (engine_ids.py), and
+each engine's version route (vLLM `GET /version`, SGLang `GET /server_info`). Does not own: the
+scripted reply (script.py) or logging and faults (server.py).
 
 Unknown paths get FastAPI's `{"detail": "Not Found"}`, as both servers are FastAPI apps.
 
@@ -25,7 +27,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from tests.standins import openai_wire, server
+from tests.standins import engine_ids, openai_wire, server
+from tests.standins import token_engine as te
 from tests.standins.script import (
     Conversation,
     Reply,
@@ -45,6 +48,8 @@ DEFAULT_MAX_MODEL_LEN = 32768
 MODEL_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"})
 # Small and fixed: enough for a client to parse a vector, nothing to compute.
 EMBEDDING_DIMENSIONS = 8
+# The releases the stand-ins say they are: each with its token-id extensions (docs/engines.md §1.8, §2.8).
+VERSIONS: dict[Flavor, str] = {"vllm": "0.11.0", "sglang": "0.5.23"}
 
 
 @dataclass(frozen=True)
@@ -180,9 +185,9 @@ def _max_tokens(body: dict[str, Any]) -> tuple[int | None, str]:
     return None, "max_tokens"
 
 
-def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> list[bytes]:
+def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     """The chunks of docs/agents.md §2.1: role, text pieces or a tool-call header then its arguments in
-    two pieces, finish, usage (only with include_usage), [DONE]."""
+    two pieces, finish, usage (only with include_usage); `[DONE]` follows them."""
     choice = completion["choices"][0]
     message = choice["message"]
     stamp = {
@@ -192,9 +197,11 @@ def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> list[bytes]
         "model": completion["model"],
     }
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        choices = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
-        return openai_wire.sse_data({**stamp, "choices": choices})
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            **stamp,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+        }
 
     chunks = [chunk({"role": "assistant", "content": ""})]
     for call in message["tool_calls"] or []:
@@ -213,12 +220,23 @@ def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> list[bytes]
         chunks += [chunk({"content": piece}) for piece in text_pieces(message["content"])]
     chunks.append(chunk({}, choice["finish_reason"]))
     if include_usage:
-        chunks.append(openai_wire.sse_data({**stamp, "choices": [], "usage": completion["usage"]}))
-    return [*chunks, openai_wire.SSE_DONE]
+        chunks.append({**stamp, "choices": [], "usage": completion["usage"]})
+    return chunks
+
+
+def _events(chunks: list[dict[str, Any]]) -> list[bytes]:
+    return [*(openai_wire.sse_data(chunk) for chunk in chunks), openai_wire.SSE_DONE]
+
+
+def _completion_ids(reply: Reply) -> list[int]:
+    """What the model sampled for `reply`: its text, or its tool call, then the end-of-turn id."""
+    call = reply.tool_call
+    return te.completion(reply.text, [(call.name, dict(call.arguments))] if call else [])
 
 
 async def _chat_completions(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
     body = _check_request(request, config, "messages")
+    ask = engine_ids.requested(config.flavor, "chat", body, request.headers)
     prompt_tokens = approx_tokens(body.get("messages"), body.get("tools"))
     _check_context(config, prompt_tokens, *_max_tokens(body))
     reply = config.script(chat_conversation(body))
@@ -231,14 +249,21 @@ async def _chat_completions(request: web.Request, config: OpenAILikeConfig) -> w
         prompt_tokens=prompt_tokens,
         completion_tokens=reply_tokens(reply),
     )
+    ids = (te.render(body["messages"], body.get("tools")), _completion_ids(reply))
     if body.get("stream") is True:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return await server.send_sse(request, _chat_chunks(completion, include_usage), SSE_HEADERS)
+        chunks = _chat_chunks(completion, include_usage)
+        if ask is not None:
+            chunks = engine_ids.add_to_chunks(ask, "chat", chunks, *ids)
+        return await server.send_sse(request, _events(chunks), SSE_HEADERS)
+    if ask is not None:
+        engine_ids.add_to_body(ask, "chat", completion, *ids)
     return await server.send_json(request, completion)
 
 
 async def _completions(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
     body = _check_request(request, config, "prompt")
+    ask = engine_ids.requested(config.flavor, "completions", body, request.headers)
     prompt_tokens = approx_tokens(body["prompt"])
     _check_context(config, prompt_tokens, *_max_tokens(body))
     reply = config.script(Conversation(last_user_text=str(body["prompt"])))
@@ -249,6 +274,7 @@ async def _completions(request: web.Request, config: OpenAILikeConfig) -> web.St
         prompt_tokens=prompt_tokens,
         completion_tokens=reply_tokens(reply),
     )
+    ids = (te.encode(str(body["prompt"])), _completion_ids(reply))
     if body.get("stream") is True:
         stamp = {key: completion[key] for key in ("id", "object", "created", "model")}
         pieces = [
@@ -256,8 +282,12 @@ async def _completions(request: web.Request, config: OpenAILikeConfig) -> web.St
             for piece in text_pieces(reply.text)
         ]
         pieces[-1]["finish_reason"] = "stop"
-        chunks = [openai_wire.sse_data({**stamp, "choices": [piece]}) for piece in pieces]
-        return await server.send_sse(request, [*chunks, openai_wire.SSE_DONE], SSE_HEADERS)
+        chunks = [{**stamp, "choices": [piece]} for piece in pieces]
+        if ask is not None:
+            chunks = engine_ids.add_to_chunks(ask, "completions", chunks, *ids)
+        return await server.send_sse(request, _events(chunks), SSE_HEADERS)
+    if ask is not None:
+        engine_ids.add_to_body(ask, "completions", completion, *ids)
     return await server.send_json(request, completion)
 
 
@@ -316,6 +346,14 @@ async def _models(request: web.Request, config: OpenAILikeConfig) -> web.StreamR
 
 async def _health(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
     return web.Response()
+
+
+async def _version(request: web.Request, config: OpenAILikeConfig) -> web.StreamResponse:
+    """vLLM's `GET /version`; SGLang's `GET /server_info` (a few of its server-args keys)."""
+    version = VERSIONS[config.flavor]
+    if config.flavor == "vllm":
+        return server.json_response({"version": version})
+    return server.json_response({"model_path": config.model, "tp_size": 1, "version": version})
 
 
 def _fault_error(flavor: Flavor) -> Callable[[FaultKind, Any], tuple[int, Any]]:
@@ -382,6 +420,7 @@ def build_app(config: OpenAILikeConfig) -> web.Application:
         web.post("/v1/embeddings", _route(_embeddings)),
         web.get("/v1/models", _route(_models)),
         web.get("/health", _route(_health)),
+        web.get("/version" if config.flavor == "vllm" else "/server_info", _route(_version)),
     ]
     if not config.chat_only:
         routes.append(web.post("/v1/responses", _route(_responses)))

@@ -16,6 +16,7 @@ from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.records.ui import viewer_app
 from tests.factories import ASK, BASH_TOOL
+from tests.standins import token_engine as te
 from tests.standins.openai_like import OpenAILikeStandIn
 from tests.ui.browser import Browser
 
@@ -97,6 +98,47 @@ async def test_viewer_shows_a_session_its_tool_calls_and_errors_and_updates_live
             assert browser.errors == []
         await client.close()
         await second.close()
+
+
+async def test_viewer_highlights_a_token_drift_with_both_sides_decoded(
+    vllm_standin: OpenAILikeStandIn, store_path: Path, aiohttp_server: Callable[..., Any]
+) -> None:
+    async with Proxy(_config(vllm_standin, store_path, sync=True, token_ids=True)) as proxy:
+        # The ids the vLLM stand-in serves are its toy tokenizer's: decode the break's sides with it.
+        proxy.context.store.tokens.decoder = te.decode_each
+        session = proxy.sessions.open()
+        client = openai.AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="k", max_retries=0)
+        first = await client.chat.completions.create(model="standin-model", messages=[ASK], tools=[BASH_TOOL])
+        echoed = first.choices[0].message.model_dump(exclude_none=True) | {"content": "Running it."}
+        result = {
+            "role": "tool",
+            "tool_call_id": first.choices[0].message.tool_calls[0].id,
+            "content": "42\n",
+        }
+        await client.chat.completions.create(
+            model="standin-model", messages=[ASK, echoed, result], tools=[BASH_TOOL]
+        )
+        await client.close()
+        server: TestServer = await aiohttp_server(viewer_app(store_path))
+
+        async with Browser() as browser:
+            await browser.goto(str(server.make_url("/")) + f"#session={session.id}")
+            badge = await browser.wait_for("document.querySelector('.session-item .badge.drift')?.innerText")
+            assert badge == "token drift #2"
+            await browser.wait_for("document.querySelector('.turn.drift') !== null")
+            assert await browser.evaluate(
+                "[...document.querySelectorAll('.turn.drift')].map(t => t.dataset.turn)"
+            ) == ["2"]
+            title = await browser.text(".drift-box .drift-title")
+            assert "the assistant's text came back changed" in title and "continues #1" in title
+            sides = await browser.evaluate(
+                "[...document.querySelectorAll('.drift-side .diverge')].map(token => token.textContent)"
+            )
+            # Where #1's completion began with its tool call, this prompt has the text the agent added.
+            assert sides == ["<tool_call>", "R"]
+            assert "Token history breaks at turn #2" in await browser.text(".drift-note")
+            await browser.screenshot(ARTIFACTS / "viewer-token-drift.png")
+            assert browser.errors == []
 
 
 async def test_api_waits_for_records_exports_and_answers_only_loopback_names(

@@ -2,9 +2,10 @@
 
 Owns: the API the page reads and its parameters (`/api/sessions`: one page of sessions, filtered,
 searched and sorted on the server, or only those changed since the page's last poll; a session's
-turns with its row; one turn in full; a session's export) and serving `static/` (plain HTML, CSS and
-JavaScript: no build step, nothing from a CDN). Does not own: the filters (query.py), several stores
-as one (stores.py), turns and their fields (view.py), export formats (export.py), reading (store.py).
+turns with its row, token ids and breaks; one turn in full; a session's export) and serving
+`static/` (plain HTML, CSS and JavaScript: no build step, nothing from a CDN). Does not own: the
+filters (query.py), several stores as one (stores.py), turns and their fields (view.py), export
+formats (export.py), reading (store.py).
 
 The page polls the API, so it follows databases that `modeltap serve` is writing: each call opens
 read-only connections off the event loop, which WAL lets run beside the writer, and a poll asks
@@ -44,6 +45,7 @@ _EXPORT_TYPES = {
     "har": "application/json",
     "jsonl": "application/x-ndjson",
     "messages": "application/x-ndjson",
+    "tokens": "application/x-ndjson",
 }
 _T = TypeVar("_T")
 
@@ -166,7 +168,7 @@ def _query(params: Any) -> SessionQuery:
 
 async def _turns(request: web.Request) -> web.Response:
     def run(reader: StoreReader, session: str) -> dict[str, Any]:
-        listed = turns(reader.exchanges(session))
+        listed = turns(reader.exchanges(session), tokens=reader.token_turns(session))
         return {
             "session": session,
             "store": str(reader.path),
@@ -179,7 +181,10 @@ async def _turns(request: web.Request) -> web.Response:
 
 async def _turn(request: web.Request) -> web.Response:
     session, number = request.match_info["session"], int(request.match_info["turn"])
-    listed = await _read(request, lambda reader, found: turns(reader.exchanges(found), full=True))
+    listed = await _read(
+        request,
+        lambda reader, found: turns(reader.exchanges(found), full=True, tokens=reader.token_turns(found)),
+    )
     if not 1 <= number <= len(listed):
         raise web.HTTPNotFound(text=f"session {session} has no turn {number}")
     return web.json_response(listed[number - 1])

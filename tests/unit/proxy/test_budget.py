@@ -221,6 +221,11 @@ def test_anthropic_error_body_verbatim() -> None:
     clamp = decide(dialects.named("messages"), body, 200000, Limits(200001), "clamp", 1)
     assert clamp.error is not None
     assert clamp.error.message == "prompt is too long: 200000 tokens > 199999 maximum. " + note(200001, 1)
+    # A completion asked for beyond the whole window: no prompt fits, and the maximum never goes below 0.
+    greedy = decide(dialects.named("messages"), body | {"max_tokens": 300000}, 5, Limits(200001), "reject", 1)
+    assert greedy.error is not None and greedy.error.message.startswith(
+        "prompt is too long: 5 tokens > 0 maximum."
+    )
 
 
 def test_decision_record_and_summary() -> None:

@@ -16,6 +16,7 @@ from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.prune import needs_full_vacuum, prune, vacuum
 from modeltap.records.store import RecordStore, StoreReader, connect
 from tests.factories import assistant, recorded, rollout
+from tests.token_sessions import served_turn, tool_session
 from tests.unit.records.test_store_migration import landed_store
 
 SCORED = RolloutOutcome("scored", 1.0)
@@ -184,3 +185,37 @@ async def _write(store: RecordStore, record: Exchange | SessionEvent, *, wait: b
         store.on_session(record)
     else:
         await store.submit(record, wait=wait)
+
+
+def token_nodes(path: Path) -> set[str]:
+    conn = connect(path, readonly=True)
+    try:
+        return {h for (h,) in conn.execute("SELECT hash FROM token_nodes")}
+    finally:
+        conn.close()
+
+
+async def test_prune_drops_token_ids_only_no_remaining_session_reaches(tmp_path: Path) -> None:
+    # Two samples open with the same prompt, so its ids are one node both sessions' chains start from.
+    histories, replies = tool_session()
+    path = await recorded(
+        tmp_path / "r.db",
+        *[
+            served_turn(h, r, session_id="s-old", started=1000.0 + i)
+            for i, (h, r) in enumerate(zip(histories, replies, strict=True))
+        ],
+        served_turn(histories[0], replies[0], session_id="s-kept", started=2000.0),
+    )
+    with StoreReader(path) as reader:
+        kept_before = [reader.token_completion(t) for t in reader.token_turns("s-kept")]
+        [first_kept] = reader.token_turns("s-kept")
+    before = token_nodes(path)
+
+    freed = prune(path, before=1500.0)
+    left = token_nodes(path)
+    assert freed.sessions == 1 and left < before and first_kept["prompt_node"] in left
+    with StoreReader(path) as reader:
+        assert [reader.token_completion(t) for t in reader.token_turns("s-kept")] == kept_before
+        assert reader.token_turns("s-old") == []
+    prune(path, keep_last=0)
+    assert token_nodes(path) == set()

@@ -112,6 +112,7 @@ function renderSessions(doc) {
       several ? el("div", { class: "meta store-name", text: s.store }) : null,
       outcomeBadge(s),
       s.errors ? el("span", { class: "badge error", text: `${s.errors} error(s)` }) : null,
+      s.token_drift ? el("span", { class: "badge drift", text: `token drift #${s.token_drift.turn}` }) : null,
     );
     list.append(item);
   }
@@ -164,6 +165,8 @@ function renderSession() {
   const maxTokens = Math.max(1, ...turns.map((t) => (t.prompt_tokens ?? 0) + (t.completion_tokens ?? 0)));
   const maxLatency = Math.max(1, ...turns.map((t) => t.latency_ms ?? 0));
   const errors = turns.filter((t) => t.error).length;
+  const drift = turns.find((t) => t.token_drift)?.token_drift;
+  const withIds = turns.some((t) => t.token_ids?.source);
   main.replaceChildren(
     el("h2", { text: id.id }),
     el(
@@ -173,9 +176,11 @@ function renderSession() {
       el("a", { href: sessionURL(id, "/export/har"), text: "HAR" }),
       el("a", { href: sessionURL(id, "/export/jsonl"), text: "JSONL" }),
       el("a", { href: sessionURL(id, "/export/messages"), text: "messages" }),
+      withIds ? el("a", { href: sessionURL(id, "/export/tokens"), text: "tokens" }) : null,
       state.stores.length > 1 ? ` · ${id.store}` : null,
     ),
     renderRollout(state.details),
+    drift ? el("p", { class: "drift-note", text: `Token history breaks at turn #${drift.turn}: ${drift.text}.` }) : null,
     legend(),
     el("div", { id: "timeline" }, ...turns.map((t) => renderTurn(t, maxTokens, maxLatency))),
   );
@@ -239,9 +244,43 @@ function renderTurn(t, maxTokens, maxLatency) {
     el("span", { class: "muted", text: t.finish_reason ?? "-" }),
     note,
   );
-  const node = el("div", { class: "turn" + (t.error ? " failed" : ""), "data-turn": String(t.turn) }, row);
+  const classes = "turn" + (t.error ? " failed" : "") + (t.token_drift ? " drift" : "");
+  const node = el("div", { class: classes, "data-turn": String(t.turn) }, row);
+  if (t.token_drift) node.append(renderDrift(t.token_drift));
   if (state.open.has(t.turn)) node.append(renderDetail(t));
   return node;
+}
+
+// The ids around a token-history break, the previous turn's prompt + completion beside this prompt,
+// decoded where the record has their text, the first differing id marked.
+function renderDrift(drift) {
+  const side = (title, part) => {
+    const tokens = part.ids.map((id, i) => {
+      const at = part.start + i;
+      const text = part.text ? part.text[i] : String(id);
+      const cls = "tok" + (at === drift.position ? " diverge" : at > drift.position ? " after" : "");
+      return el("span", { class: cls, title: `#${at}: id ${id}`, text: JSON.stringify(text).slice(1, -1) || "·" });
+    });
+    return el("div", { class: "drift-side" }, el("div", { class: "muted", text: title }), el("div", { class: "tokens" }, ...tokens));
+  };
+  return el(
+    "div",
+    { class: "drift-box" },
+    el("div", { class: "drift-title", text: `Token drift at id ${drift.position}: ${drift.text} (continues #${drift.continues_turn}, ${drift.source} ids)` }),
+    el(
+      "div",
+      { class: "drift-sides" },
+      side(`expected: #${drift.continues_turn}'s prompt + completion`, drift.expected),
+      side(`got: this turn's prompt`, drift.got),
+    ),
+  );
+}
+
+function tokenFacts(ids) {
+  if (!ids) return null;
+  if (!ids.source) return ids.ask === "rendered" ? "token ids: none, they could not be rendered" : `token ids: none came back (asked ${ids.ask})`;
+  const continues = ids.continues != null ? ` · continues #${ids.continues} sharing ${ids.shared}` : "";
+  return `token ids ${ids.source}: prompt ${ids.prompt_length}, completion ${ids.completion_length}${continues}`;
 }
 
 function toggle(number) {
@@ -291,6 +330,7 @@ function renderDetail(t) {
       (t.retry_count ? ` · SDK retry ${t.retry_count}` : ""),
     t.continues != null && t.continues !== t.turn - 1 ? `continues #${t.continues}` : null,
     t.user_agent ? `client ${t.user_agent}` : null,
+    tokenFacts(t.token_ids),
   ].filter(Boolean);
   const full = el("div", { class: "full-bodies" });
   if (state.full.has(t.turn)) fillFull(full, state.full.get(t.turn));
