@@ -38,9 +38,9 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from benchmarks import budget_memory, machine
+from benchmarks import budget_memory
 from benchmarks.configs import qwen_tokenizer_dir
-from benchmarks.report import fmt, table, verdict
+from benchmarks.report import fmt, heading, table, verdict
 from modeltap import dialects
 from modeltap.proxy.loaded_tokenizer import LoadedTokenizer
 from modeltap.proxy.tokens import VERIFY_FIRST_REQUESTS, TokenCounter, check_interval
@@ -259,17 +259,11 @@ def report(
     sizes: tuple[int, ...],
     quick: bool,
 ) -> str:
-    facts, load = machine.facts(), machine.load()
     command = "python -m benchmarks.bench_counting" + (" --quick" if quick else "")
     lines = [
-        "# Counting: the budget's cost per turn, for a new conversation, and in memory",
-        "",
-        f"Generated {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC by `{command}`"
-        + (" (quick run: a smoke test, not numbers to quote)" if quick else "")
-        + ".",
-        f"Machine: {facts['cpu']}, {facts['cores']} cores, {facts['memory_gib']} GiB, {facts['kernel']}, "
-        f"{facts['python']}. Load (shared machine) after the run: {load['load_1m']} (1-min load average), "
-        f"{load['busy_percent']}% CPU busy over {load['sample_s']} s.",
+        *heading(
+            "Counting: the budget's cost per turn, for a new conversation, and in memory", command, quick
+        ),
         "",
         *_EXPLAINED,
         "",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import inspect
 import json
 import os
@@ -37,8 +36,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from benchmarks import machine
-from benchmarks.report import fmt, table, verdict
+from benchmarks.report import fmt, heading, table, verdict
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.listing import groups_table, sessions_table
 from modeltap.records.query import SessionQuery
@@ -347,18 +345,10 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def report(results: list[dict[str, Any]], command: str, quick: bool) -> str:
-    facts, load = machine.facts(), machine.load()
     first, last = results[0], results[-1]
     sizes = [f"{r['exchanges']:,}" for r in results]
     lines = [
-        "# Store: recording and reading as the records grow",
-        "",
-        f"Generated {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC by `{command}`"
-        + (" (quick run: a smoke test, not numbers to quote)" if quick else "")
-        + ".",
-        f"Machine: {facts['cpu']}, {facts['cores']} cores, {facts['memory_gib']} GiB, {facts['kernel']}, "
-        f"{facts['python']}. Load (shared machine) after the run: {load['load_1m']} (1-min load average), "
-        f"{load['busy_percent']}% CPU busy over {load['sample_s']} s.",
+        *heading("Store: recording and reading as the records grow", command, quick),
         "",
         f"One store grows through the real writer to each size, a copy kept at each: GRPO groups of {GROUP}",
         f"samples of one of {TASKS} tasks played at once, each a {TURNS}-turn tool loop of a coding agent (a",

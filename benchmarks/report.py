@@ -5,10 +5,13 @@ Owns: how results read on the page. Not: computing them (bench_*.py).
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks import machine
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -27,6 +30,22 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
         *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def heading(title: str, command: str, quick: bool) -> list[str]:
+    """Title, the command, and the machine and how loaded it was after the run: an in-process
+    benchmark's opening lines (`preamble` is the proxies' one)."""
+    facts, load = machine.facts(), machine.load()
+    return [
+        f"# {title}",
+        "",
+        f"Generated {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC by `{command}`"
+        + (" (quick run: a smoke test, not numbers to quote)" if quick else "")
+        + ".",
+        f"Machine: {facts['cpu']}, {facts['cores']} cores, {facts['memory_gib']} GiB, {facts['kernel']}, "
+        f"{facts['python']}. Load (shared machine) after the run: {load['load_1m']} (1-min load average), "
+        f"{load['busy_percent']}% CPU busy over {load['sample_s']} s.",
     ]
 
 

@@ -15,7 +15,9 @@ Sandbox protocol (sandbox.py).
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
+import json
 import os
 import socket
 import tarfile
@@ -56,6 +58,8 @@ DOCKER_API_TIMEOUT_S = 60.0
 # One connection per concurrent call: many runs stream exec output at once, and docker-py's default
 # pool of 10 would otherwise open and discard a connection on every extra call.
 DOCKER_POOL_SIZE = 64
+# Where dockerd answers a path's stat (base64 JSON: name, size, mode, mtime, linkTarget).
+PATH_STAT_HEADER = "X-Docker-Container-Path-Stat"
 
 
 def _owner_id() -> str:
@@ -284,20 +288,40 @@ def _exec(
 
 
 def _read_file(container: Any, path: str) -> bytes | None:
+    size = _file_size(container, path)
+    if size is None:
+        return None
+    if size > MAX_FILE_BYTES:
+        raise SandboxError(f"{path} is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for answers")
     try:
-        chunks, stat = container.get_archive(path)
+        chunks, _ = container.get_archive(path)
     except docker.errors.NotFound:
         return None
     except docker.errors.DockerException as exc:
         raise SandboxError(f"cannot read {path} from the container: {exc}") from exc
-    if stat["size"] > MAX_FILE_BYTES:
-        raise SandboxError(
-            f"{path} is {stat['size']} bytes, over the {MAX_FILE_BYTES}-byte limit for answers"
-        )
     with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
         member = archive.next()
         extracted = archive.extractfile(member) if member is not None else None
         return extracted.read() if extracted is not None else None
+
+
+def _file_size(container: Any, path: str) -> int | None:
+    """The size of `path` in the container, None when it does not exist. Asked of the Engine API's
+    HEAD on the archive route, which answers the path's stat in a header and streams nothing: an
+    archive stream the SDK opened and nobody read holds the container, and its removal then waits out
+    the API timeout (docs/docker.md §1)."""
+    api = container.client.api
+    url = f"{api.base_url}/v{api.api_version}/containers/{container.id}/archive"
+    try:
+        answer = api.head(url, params={"path": path}, timeout=DOCKER_API_TIMEOUT_S)
+    except requests.exceptions.RequestException as exc:
+        raise SandboxError(f"cannot read {path} from the container: {exc}") from exc
+    if answer.status_code == 404:
+        return None
+    stat = answer.headers.get(PATH_STAT_HEADER)
+    if not answer.ok or stat is None:
+        raise SandboxError(f"cannot read {path} from the container: dockerd answered {answer.status_code}")
+    return int(json.loads(base64.b64decode(stat))["size"])
 
 
 def _container_logs(container: Any) -> str:

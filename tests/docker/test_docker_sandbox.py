@@ -14,7 +14,7 @@ import pytest
 
 from modeltap.adapter.bundle import Mount
 from modeltap.adapter.docker_sandbox import LABEL_OWNER, LABEL_RUN, DockerProvider
-from modeltap.adapter.sandbox import SandboxError, SandboxSpec
+from modeltap.adapter.sandbox import MAX_FILE_BYTES, SandboxError, SandboxSpec
 
 USR = Mount("usr", Path("/usr"), "/usr")
 
@@ -147,4 +147,21 @@ async def test_a_missing_image_says_how_to_get_it() -> None:
         await provider.prepare(["modeltap-missing:none"])
     with pytest.raises(SandboxError, match="has no image"):
         await provider.open(SandboxSpec("sbx-noimage", None, "/work"))
+    await provider.close()
+
+
+async def test_failures_of_dockerd_are_sandbox_errors_naming_the_run_and_the_cause(
+    docker_client: docker.DockerClient, hostroot_image: str, tmp_path: Path
+) -> None:
+    provider = DockerProvider()
+    gone = Mount("gone", tmp_path / "not-there", "/opt/gone")
+    with pytest.raises(SandboxError, match=r"run sbx-badmount: cannot create a container from"):
+        await provider.open(SandboxSpec("sbx-badmount", hostroot_image, "/work", (USR, gone)))
+    assert run_containers(docker_client, "sbx-badmount") == []
+    async with await provider.open(SandboxSpec("sbx-bigfile", hostroot_image, "/work", (USR,))) as box:
+        made = await box.exec(["bash", "-c", f"head -c {MAX_FILE_BYTES + 1} /dev/zero > big.bin"], {}, 30)
+        assert made.exit_code == 0
+        with pytest.raises(SandboxError, match=rf"big.bin is {MAX_FILE_BYTES + 1} bytes, over the"):
+            await box.read_file("big.bin")
+    await provider.remove_run("sbx-bigfile")  # after close: removing what is already gone is no error
     await provider.close()

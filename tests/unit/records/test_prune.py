@@ -22,12 +22,16 @@ from tests.unit.records.test_store_migration import landed_store
 SCORED = RolloutOutcome("scored", 1.0)
 
 
-def blobs(path: Path) -> set[str]:
+def hashes(path: Path, table: str) -> set[str]:
     conn = connect(path, readonly=True)
     try:
-        return {h for (h,) in conn.execute("SELECT hash FROM blobs")}
+        return {h for (h,) in conn.execute(f"SELECT hash FROM {table}")}
     finally:
         conn.close()
+
+
+def blobs(path: Path) -> set[str]:
+    return hashes(path, "blobs")
 
 
 def linked(path: Path, session: str) -> set[str]:
@@ -187,14 +191,6 @@ async def _write(store: RecordStore, record: Exchange | SessionEvent, *, wait: b
         await store.submit(record, wait=wait)
 
 
-def token_nodes(path: Path) -> set[str]:
-    conn = connect(path, readonly=True)
-    try:
-        return {h for (h,) in conn.execute("SELECT hash FROM token_nodes")}
-    finally:
-        conn.close()
-
-
 async def test_prune_drops_token_ids_only_no_remaining_session_reaches(tmp_path: Path) -> None:
     # Two samples open with the same prompt, so its ids are one node both sessions' chains start from.
     histories, replies = tool_session()
@@ -209,13 +205,13 @@ async def test_prune_drops_token_ids_only_no_remaining_session_reaches(tmp_path:
     with StoreReader(path) as reader:
         kept_before = [reader.token_completion(t) for t in reader.token_turns("s-kept")]
         [first_kept] = reader.token_turns("s-kept")
-    before = token_nodes(path)
+    before = hashes(path, "token_nodes")
 
     freed = prune(path, before=1500.0)
-    left = token_nodes(path)
+    left = hashes(path, "token_nodes")
     assert freed.sessions == 1 and left < before and first_kept["prompt_node"] in left
     with StoreReader(path) as reader:
         assert [reader.token_completion(t) for t in reader.token_turns("s-kept")] == kept_before
         assert reader.token_turns("s-old") == []
     prune(path, keep_last=0)
-    assert token_nodes(path) == set()
+    assert hashes(path, "token_nodes") == set()
