@@ -397,3 +397,22 @@ def test_an_upstream_overflow_is_codexs_context_length_exceeded() -> None:
 def test_other_upstream_errors_keep_their_status_and_message(status: int, kind: str) -> None:
     answered, error = MESSAGES.upstream_error(status, parse_error(status, b'{"detail": "nope"}'))
     assert (answered, error.message, MESSAGES.error_body(error)["error"]["type"]) == (status, "nope", kind)
+
+
+def test_an_error_chunk_mid_stream_is_an_error_event_in_each_format_and_other_choices_are_left_out() -> None:
+    # vLLM and SGLang end a failing stream with a chunk holding `error` instead of choices; a request
+    # translated to chat asked for one choice, so a chunk of another is not the client's.
+    stamp = {"id": "c", "model": "m"}
+    stream = [
+        {**stamp, "choices": [{"index": 0, "delta": {"content": "4"}}]},
+        {**stamp, "choices": [{"index": 1, "delta": {"content": "not ours"}}]},
+        {**stamp, "error": {"message": "engine died", "code": 500}},
+    ]
+    anthropic = MESSAGES.chat_translator({"model": "m"})
+    events = [e for chunk in stream for e in anthropic.feed(chunk)]
+    assert "not ours" not in json.dumps(events)
+    assert events[-1] == {"type": "error", "error": {"type": "api_error", "message": "engine died"}}
+    responses = RESPONSES.chat_translator({"model": "m"})
+    last = [e for chunk in stream for e in responses.feed(chunk)][-1]
+    assert (last["type"], last["code"], last["message"]) == ("error", "upstream_error", "engine died")
+    assert ChatDeltas().read({"error": "plain text"}) == [("error", 0, "plain text")]
