@@ -40,6 +40,7 @@ from modeltap.records.mock import load_mock, mock_app
 from modeltap.records.prune import needs_full_vacuum, prune, vacuum
 from modeltap.records.query import DEFAULT_GROUP_LABEL, DEFAULT_LIMIT, SessionQuery, parse_label, parse_when
 from modeltap.records.replay import comparison_text, replay
+from modeltap.records.search import compile_pattern, hit_line, search
 from modeltap.records.store import StoreReader
 from modeltap.records.stores import Stores, expand, patterns_from
 from modeltap.records.tail import follow
@@ -88,6 +89,12 @@ EPILOG_MOCK = """examples:
   modeltap mock --session s-3f2a --strict   a test fixture: an off-script request gets a 409
 each request is logged on stderr with how it matched (exact #3, next in order #4 (diverged at ...));
 GET /_modeltap/mock says what was served, POST /_modeltap/mock/reset starts the session over"""
+EPILOG_GREP = """examples:
+  modeltap grep Traceback                     which turn of which session saw a traceback
+  modeltap grep -i 'rm -rf' --label task_id=fix-bug --all     in tool calls too, every session
+  modeltap grep 'rate.?limit' --errors --json                 the hits as JSON, for scripts
+one line per hit: SESSION #TURN role: the text around the match; exit status 0 when something matched,
+1 when nothing did, 2 on error (as grep)"""
 EPILOG_UI = """example:
   modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
@@ -155,6 +162,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     _store_option(groups)
     _json_option(groups)
+
+    grep = _command(
+        commands,
+        "grep",
+        _grep,
+        "search messages, tool calls and errors across sessions for a regular expression",
+        EPILOG_GREP,
+    )
+    grep.add_argument("pattern", help="a Python regular expression (-F: literal text)")
+    grep.add_argument("-i", "--ignore-case", action="store_true", help="match upper and lower case alike")
+    grep.add_argument("-F", "--fixed-strings", action="store_true", help="PATTERN is literal text")
+    _filter_options(grep)
+    _store_option(grep)
+    _json_option(grep)
 
     show = _command(commands, "show", _show, "show a session turn by turn: what each turn added", EPILOG_SHOW)
     show.add_argument("session", help="session id, or its first characters")
@@ -417,15 +438,20 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def _sessions(args: argparse.Namespace) -> int:
-    query = SessionQuery(
-        labels=tuple(parse_label(label) for label in args.label or ()),
+def _session_query(args: argparse.Namespace, labels: Sequence[str] | None = None) -> SessionQuery:
+    """The SessionQuery of `_filter_options` (`labels`: the K=V filters, when not all of --label)."""
+    return SessionQuery(
+        labels=tuple(parse_label(label) for label in (args.label or () if labels is None else labels)),
         outcome=args.outcome,
         errors=args.errors,
         since=parse_when(args.since) if args.since else None,
         until=parse_when(args.until) if args.until else None,
         limit=None if args.all else args.limit,
     )
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    query = _session_query(args)
     with _stores(args) as stores:
         rows, several = stores.sessions(query), stores.several
     if args.json:
@@ -435,6 +461,26 @@ def _sessions(args: argparse.Namespace) -> int:
     if query.limit is not None and len(rows) == query.limit:
         print(f"(the newest {query.limit}; --limit N or --all for more)")
     return 0
+
+
+def _grep(args: argparse.Namespace) -> int:
+    pattern = compile_pattern(args.pattern, ignore_case=args.ignore_case, fixed=args.fixed_strings)
+    query = _session_query(args)
+    hits = 0
+    with _stores(args) as stores:
+        chosen = stores.selected(query)
+        found = search(chosen, pattern)
+        if args.json:
+            listed = list(found)
+            hits = len(listed)
+            print(pretty(listed))
+        else:
+            for hit in found:
+                hits += 1
+                print(hit_line(hit, with_store=stores.several), flush=hits % 100 == 0)
+    if query.limit is not None and len(chosen) == query.limit:
+        print(f"(searched the newest {query.limit} sessions; --limit N or --all for more)", file=sys.stderr)
+    return 0 if hits else 1
 
 
 def _groups(args: argparse.Namespace) -> int:

@@ -111,6 +111,12 @@ class Stores:
             answers.append([row | {"store": str(reader.path)} for row in reader.sessions(asked)])
         return query.merge(answers)
 
+    def selected(self, query: SessionQuery) -> list[tuple[StoreReader, dict[str, Any]]]:
+        """The sessions `query` selects (as `sessions` gives them), each with the reader of its store,
+        for a command that goes on to read their exchanges."""
+        readers = {str(reader.path): reader for reader in self.readers}
+        return [(readers[row["store"]], row) for row in self.sessions(query)]
+
     def groups(self, label: str) -> list[dict[str, Any]]:
         """The groups of `label` over every store (query.merge_groups)."""
         return merge_groups(reader.groups(label) for reader in self.readers)

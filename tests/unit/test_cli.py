@@ -41,6 +41,7 @@ def test_the_commands_design_names_all_exist() -> None:
         "doctor",
         "demo",
         "completion",
+        "grep",
     }
     assert expected <= set(commands())
 
@@ -151,6 +152,30 @@ async def test_readers_take_several_stores_by_flag_glob_or_environment(
     assert main(["export", "s-fail", "--format", "jsonl"]) == 0
     line = json.loads(capsys.readouterr().out.splitlines()[0])
     assert line["rollout"]["outcome"] == "failed" and line["rollout"]["reward"] is None
+
+
+async def test_grep_prints_a_line_per_hit_and_exits_as_grep_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, two = await _two_nodes(tmp_path)
+    assert main(["grep", "solve TASK", "-i", "--store", str(one), "--label", "task_id=fix-bug"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["s-fail #1 user: Solve task fix-bug.", "s-pass #1 user: Solve task fix-bug."]
+    assert main(["grep", "solve TASK", "--store", str(one)]) == 1  # case matters without -i
+    assert capsys.readouterr().out == ""
+    assert (
+        main(["grep", "^5$", "--store", str(one), "--store", str(two), "--outcome", "scored", "--json"]) == 0
+    )
+    found = json.loads(capsys.readouterr().out)
+    assert sorted((h["store"], h["session"], h["role"]) for h in found) == [
+        (str(one), "s-pass", "reply"),
+        (str(two), "s-pass", "reply"),
+    ]
+    assert main(["grep", "Solve", "--store", str(one), "--limit", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("s-chat #1 user:") and "--all for more" in captured.err
+    assert main(["grep", "(", "--store", str(one)]) == 2
+    assert "not a regular expression" in capsys.readouterr().err
 
 
 async def test_prune_and_vacuum_report_what_they_freed(
