@@ -41,6 +41,7 @@ from modeltap.records.prune import needs_full_vacuum, prune, vacuum
 from modeltap.records.query import DEFAULT_GROUP_LABEL, DEFAULT_LIMIT, SessionQuery, parse_label, parse_when
 from modeltap.records.replay import comparison_text, replay
 from modeltap.records.search import compile_pattern, hit_line, search
+from modeltap.records.stats import stats, stats_table
 from modeltap.records.store import StoreReader
 from modeltap.records.stores import Stores, expand, patterns_from
 from modeltap.records.tail import follow
@@ -95,6 +96,11 @@ EPILOG_GREP = """examples:
   modeltap grep 'rate.?limit' --errors --json                 the hits as JSON, for scripts
 one line per hit: SESSION #TURN role: the text around the match; exit status 0 when something matched,
 1 when nothing did, 2 on error (as grep)"""
+EPILOG_STATS = """examples:
+  modeltap stats                          finish reasons, error classes, token p50/p90/p99, all sessions
+  modeltap stats --label task_id --all    one row per task, over every session
+  modeltap stats --label agent --label experiment=grpo-7 --json
+--label K (no =) groups by that label; --label K=V filters, as in sessions"""
 EPILOG_UI = """example:
   modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
@@ -176,6 +182,17 @@ def _parser() -> argparse.ArgumentParser:
     _filter_options(grep)
     _store_option(grep)
     _json_option(grep)
+
+    stats_ = _command(
+        commands,
+        "stats",
+        _stats,
+        "finish reasons, error classes and token percentiles per exchange, per value of a label",
+        EPILOG_STATS,
+    )
+    _filter_options(stats_, group_by=True)
+    _store_option(stats_)
+    _json_option(stats_)
 
     show = _command(commands, "show", _show, "show a session turn by turn: what each turn added", EPILOG_SHOW)
     show.add_argument("session", help="session id, or its first characters")
@@ -361,10 +378,15 @@ def _store_option(parser: argparse.ArgumentParser, *, several: bool = True) -> N
     )
 
 
-def _filter_options(parser: argparse.ArgumentParser) -> None:
-    """`sessions`' filters: they combine."""
+def _filter_options(parser: argparse.ArgumentParser, *, group_by: bool = False) -> None:
+    """`sessions`' filters: they combine. With `group_by`, a `--label K` without `=` names the label
+    to group by."""
     parser.add_argument(
-        "--label", action="append", metavar="K=V", help="only sessions with this label; repeatable"
+        "--label",
+        action="append",
+        metavar="K=V" if not group_by else "K[=V]",
+        help="only sessions with this label; repeatable"
+        + ("; K alone: one row per value of K (task_id, agent)" if group_by else ""),
     )
     parser.add_argument("--outcome", choices=OUTCOMES, help="only rollouts that ended so")
     parser.add_argument("--errors", action="store_true", help="only sessions with an exchange that failed")
@@ -460,6 +482,20 @@ def _sessions(args: argparse.Namespace) -> int:
     print(sessions_table(rows, with_store=several))
     if query.limit is not None and len(rows) == query.limit:
         print(f"(the newest {query.limit}; --limit N or --all for more)")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    group_by = [label for label in args.label or () if "=" not in label]
+    if len(group_by) > 1:
+        raise ValueError(f"stats groups by one label, not {len(group_by)}: give one --label K without =")
+    query = _session_query(args, [label for label in args.label or () if "=" in label])
+    with _stores(args) as stores:
+        chosen = stores.selected(query)
+        groups = stats(chosen, group_by[0] if group_by else None)
+    print(pretty(groups) if args.json else stats_table(groups))
+    if query.limit is not None and len(chosen) == query.limit:
+        print(f"(over the newest {query.limit} sessions; --limit N or --all for more)", file=sys.stderr)
     return 0
 
 

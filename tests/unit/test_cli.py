@@ -42,6 +42,7 @@ def test_the_commands_design_names_all_exist() -> None:
         "demo",
         "completion",
         "grep",
+        "stats",
     }
     assert expected <= set(commands())
 
@@ -176,6 +177,29 @@ async def test_grep_prints_a_line_per_hit_and_exits_as_grep_does(
     assert captured.out.startswith("s-chat #1 user:") and "--all for more" in captured.err
     assert main(["grep", "(", "--store", str(one)]) == 2
     assert "not a regular expression" in capsys.readouterr().err
+
+
+async def test_stats_groups_by_a_label_without_equals_and_filters_by_one_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, two = await _two_nodes(tmp_path)
+    stores = ["--store", str(one), "--store", str(two)]
+    assert main(["stats", *stores, "--label", "task_id"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in out] == [
+        ["TASK_ID", "SESSIONS", "EXCHANGES"],
+        ["fix-bug", "3", "3"],
+        ["other", "1", "1"],
+    ]
+    assert main(["stats", *stores, "--label", "task_id", "--label", "task_id=other", "--json"]) == 0
+    [other] = json.loads(capsys.readouterr().out)
+    assert (other["value"], other["finish_reasons"], other["prompt_tokens"]["p50"]) == (
+        "other",
+        {"stop": 1},
+        100,
+    )
+    assert main(["stats", *stores, "--label", "a", "--label", "b"]) == 2
+    assert "one label" in capsys.readouterr().err
 
 
 async def test_prune_and_vacuum_report_what_they_freed(
