@@ -43,7 +43,7 @@ from modeltap.records.replay import comparison_text, replay
 from modeltap.records.search import compile_pattern, hit_line, search
 from modeltap.records.stats import stats, stats_table
 from modeltap.records.store import StoreReader
-from modeltap.records.stores import Stores, expand, patterns_from
+from modeltap.records.stores import Stores, expand, patterns_from, reader_patterns, remember_store
 from modeltap.records.tail import follow
 from modeltap.records.ui import viewer_app
 from modeltap.records.view import pretty, session_turns, turn_text, turns
@@ -411,7 +411,16 @@ def _store_path(args: argparse.Namespace) -> str:
 
 
 def _store_patterns(args: argparse.Namespace) -> list[str]:
-    """What names the stores a reader reads: `--store` (repeatable, globs), else MODELTAP_STORE."""
+    """What names the stores a reader reads: `--store` (repeatable, globs), else MODELTAP_STORE, else
+    the default if it is here, else the store the last `modeltap serve` wrote to (said on stderr)."""
+    patterns, last = reader_patterns(args.store, os.environ, DEFAULT_STORE)
+    if last is not None:
+        print(f"reading {last} (the store the last modeltap serve wrote)", file=sys.stderr)
+    return patterns
+
+
+def _prune_patterns(args: argparse.Namespace) -> list[str]:
+    """The stores prune and vacuum change: only those named, or the default, never a remembered one."""
     return patterns_from(args.store, os.environ, DEFAULT_STORE)
 
 
@@ -442,12 +451,22 @@ def _serve(args: argparse.Namespace) -> int:
 async def _serve_until_signalled(config: ProxyConfig, observers: Sequence[object]) -> None:
     stop = _stop_on_signals()
     async with Proxy(config, observers=observers) as proxy:
+        await asyncio.to_thread(_remember_store, config.store)
         default = None
         if config.upstream_key and not is_loopback(config.host) and not config.lend_key_to_anonymous:
             default = proxy.sessions.open(session_id="default", labels={"opened_by": "serve"})
         print(startup_report(proxy, default), flush=True)
         await stop.wait()
         print("modeltap: stopping; flushing records", flush=True)
+
+
+def _remember_store(store: str) -> None:
+    """Leave the store's path where a reader started elsewhere finds it. A home that cannot be written
+    costs that convenience only: serving goes on."""
+    try:
+        remember_store(store, os.environ)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("cannot note the store for readers started elsewhere: %s", exc)
 
 
 def _stop_on_signals() -> asyncio.Event:
@@ -536,14 +555,14 @@ def _diff(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace) -> int:
     labels = [parse_label(label) for label in args.label or ()]
     before = parse_when(args.before) if args.before else None
-    for path in expand(_store_patterns(args)):
+    for path in expand(_prune_patterns(args)):
         freed = prune(path, before=before, keep_last=args.keep_last, labels=labels)
         print(f"{path}: {freed.text()}")
     return 0
 
 
 def _vacuum(args: argparse.Namespace) -> int:
-    for path in expand(_store_patterns(args)):
+    for path in expand(_prune_patterns(args)):
         if path.exists() and needs_full_vacuum(path):
             print(
                 f"{path} predates incremental vacuuming: this rewrites it in one pass, holding its write "

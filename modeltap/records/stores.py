@@ -1,7 +1,8 @@
 """Several records databases read as one set of sessions: the files of many nodes, named by `--store`
 given more than once, by globs, or by `MODELTAP_STORE` holding a list.
 
-Owns: turning what the user gave into database paths (each glob expanded, each file once), a reader
+Owns: turning what the user gave into database paths (each glob expanded, each file once), the
+store the last `modeltap serve` wrote to (a one-line state file) for a reader given none, a reader
 for each, finding a session by the first characters of its id across them, and listing and grouping
 across them. A session id found in two stores is two sessions: each row says which store it is from.
 Does not own: reading one store (store.py), the filters and merging (query.py), printing (view.py).
@@ -25,6 +26,10 @@ from modeltap.records.store import StoreReader
 
 # How many matches of an id prefix an ambiguity message names.
 AMBIGUOUS_SHOWN = 10
+# Where `modeltap serve` leaves the absolute path of its store, under the XDG state directory (state
+# that persists between runs but is not worth backing up:
+# https://specifications.freedesktop.org/basedir-spec/latest/), so a reader started elsewhere finds it.
+LAST_STORE_FILE = Path("modeltap") / "last-store"
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -35,6 +40,46 @@ def patterns_from(flags: Sequence[str] | None, env: Mapping[str, str], default: 
         return list(flags)
     listed = [part for part in env.get("MODELTAP_STORE", "").split(os.pathsep) if part]
     return listed or [default]
+
+
+def reader_patterns(
+    flags: Sequence[str] | None, env: Mapping[str, str], default: str
+) -> tuple[list[str], Path | None]:
+    """What names the stores a reader reads (`patterns_from`), and, when nothing named one and
+    `default` is not here, the store the last `modeltap serve` wrote to instead: (its path as the one
+    pattern, that path), so the reader can say it is reading it. Else (patterns, None)."""
+    patterns = patterns_from(flags, env, default)
+    if flags or env.get("MODELTAP_STORE") or Path(default).exists():
+        return patterns, None
+    last = last_store(env)
+    return ([str(last)], last) if last is not None else (patterns, None)
+
+
+def last_store_file(env: Mapping[str, str]) -> Path:
+    """`$XDG_STATE_HOME/modeltap/last-store`, or `~/.local/state/modeltap/last-store`."""
+    state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / LAST_STORE_FILE
+
+
+def remember_store(path: Path | str, env: Mapping[str, str]) -> Path:
+    """Write `path`, made absolute, as the store the last `modeltap serve` wrote to; returns the state
+    file. Replaced whole (a temporary file renamed), so a reader never sees half a path."""
+    state = last_store_file(env)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    partial = state.with_name(f"{state.name}.{os.getpid()}")
+    partial.write_text(str(Path(path).resolve()) + "\n", encoding="utf-8")
+    partial.replace(state)
+    return state
+
+
+def last_store(env: Mapping[str, str]) -> Path | None:
+    """The store the last `modeltap serve` wrote to, if it said and the file is still there."""
+    try:
+        text = last_store_file(env).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = Path(text)
+    return path if text and path.is_absolute() and path.exists() else None
 
 
 def expand(patterns: Sequence[str], *, missing_ok: bool = False) -> list[Path]:

@@ -14,6 +14,7 @@ import pytest
 
 from modeltap.cli import _parser, main
 from modeltap.records.exchange import RolloutOutcome
+from modeltap.records.stores import remember_store
 from tests.factories import assistant, recorded, rollout
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -200,6 +201,24 @@ async def test_stats_groups_by_a_label_without_equals_and_filters_by_one_with(
     )
     assert main(["stats", *stores, "--label", "a", "--label", "b"]) == 2
     assert "one label" in capsys.readouterr().err
+
+
+async def test_readers_given_no_store_read_the_one_serve_last_wrote_and_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, _ = await _two_nodes(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("MODELTAP_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sessions"]) == 2  # no serve has noted a store: the default, which is not here
+    assert "no records database at .modeltap/records.db" in capsys.readouterr().err
+    remember_store(one, os.environ)
+    assert main(["show", "s-fail"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"reading {one.resolve()} (the store the last modeltap serve wrote)\n"
+    assert captured.out.startswith("session s-fail")
+    assert main(["prune", "--before", "1970-01-02"]) == 2  # prune changes only a store it is given
+    assert "no records database" in capsys.readouterr().err
 
 
 async def test_prune_and_vacuum_report_what_they_freed(
