@@ -15,6 +15,7 @@ Does not own: reading one store (store.py), the filters and merging (query.py), 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import glob
 import os
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,8 @@ from modeltap.records.store import StoreReader
 
 # How many matches of an id prefix an ambiguity message names.
 AMBIGUOUS_SHOWN = 10
+# How many ids a "no such session" message offers: the closest, or else the newest.
+SUGGESTED = 5
 # Where `modeltap serve` leaves the absolute path of its store, under the XDG state directory (state
 # that persists between runs but is not worth backing up:
 # https://specifications.freedesktop.org/basedir-spec/latest/), so a reader started elsewhere finds it.
@@ -185,9 +188,31 @@ class Stores:
             raise ValueError(
                 f"session {same[0][1]} is in {len(same)} stores ({where}); name one with --store"
             )
-        found = ", ".join(self._named(reader, sid) for reader, sid in matches[:AMBIGUOUS_SHOWN]) or "none"
+        if not matches:
+            raise ValueError(self._missing(prefix))
+        found = ", ".join(self._named(reader, sid) for reader, sid in matches[:AMBIGUOUS_SHOWN])
         count = str(len(matches)) if len(matches) <= AMBIGUOUS_SHOWN else f"more than {AMBIGUOUS_SHOWN}"
         raise ValueError(f"{prefix!r} names {count} sessions ({found}); give more of the id")
+
+    def _missing(self, prefix: str) -> str:
+        """What to say of an id no session has: the ids closest to it, or else the newest few. Every id
+        is compared (difflib), which on this error path costs about a second per 100k sessions."""
+        where = ", ".join(str(reader.path) for reader in self.readers)
+        ids = sorted({sid for reader in self.readers for sid in reader.session_ids("")})
+        if not ids:
+            return f"no session {prefix!r}: {where} holds no sessions yet"
+        close = difflib.get_close_matches(prefix, ids, n=SUGGESTED)
+        if not close:  # the first characters of an id, mistyped: compare them with ids' as long
+            starts: dict[str, list[str]] = {}
+            for sid in ids:
+                starts.setdefault(sid[: len(prefix)], []).append(sid)
+            near = difflib.get_close_matches(prefix, starts, n=SUGGESTED)
+            close = [sid for start in near for sid in starts[start]][:SUGGESTED]
+        if close:
+            return f"no session {prefix!r} in {where}; the closest: {', '.join(close)}"
+        newest = [row["id"] for row in self.sessions(SessionQuery(limit=SUGGESTED))]
+        listed = ", ".join(dict.fromkeys(newest))
+        return f"no session {prefix!r} in {where}; the newest: {listed} (modeltap sessions lists more)"
 
     def _named(self, reader: StoreReader, session_id: str) -> str:
         return f"{session_id} in {reader.path}" if self.several else session_id

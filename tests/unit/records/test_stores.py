@@ -81,7 +81,11 @@ async def test_a_session_is_found_in_whichever_store_has_it(tmp_path: Path) -> N
                 stores.resolve(prefix)
         with pytest.raises(ValueError, match=r"names 4 sessions \(s-abc1 in .*give more of the id"):
             stores.resolve("s-")
-        with pytest.raises(ValueError, match="names 0 sessions"):
+        with pytest.raises(ValueError, match=r"no session 's-abd1' in .*; the closest: s-abc1$"):
+            stores.resolve("s-abd1")
+        with pytest.raises(
+            ValueError, match=r"no session 'nope' in .*; the newest: s-xyz, s-abc1, s-same \("
+        ):
             stores.resolve("nope")
     with Stores.open([str(two)]) as stores:
         assert not stores.several and stores.resolve("s-same")[1] == "s-same"
@@ -120,3 +124,9 @@ def test_the_store_serve_last_wrote_is_found_when_nothing_else_names_one(
     assert reader_patterns(None, env, ".modeltap/records.db") == ([".modeltap/records.db"], None)
     last_store_file(env).write_text("not/absolute.db\n")
     assert last_store(env) is None
+
+
+async def test_a_store_with_no_sessions_says_so(tmp_path: Path) -> None:
+    empty = await recorded(tmp_path / "r.db")
+    with Stores.open([str(empty)]) as stores, pytest.raises(ValueError, match="holds no sessions yet"):
+        stores.resolve("s-1")
