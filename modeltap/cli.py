@@ -583,7 +583,7 @@ def _show(args: argparse.Namespace) -> int:
         if not 1 <= args.turn <= len(listed):
             raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
         turn = listed[args.turn - 1]
-        print(pretty(turn) if args.json else turn_text(turn))
+        print(pretty(turn) if args.json else turn_text(turn, rows[args.turn - 1]["request"]))
     elif args.json:
         print(pretty(listed))
     else:

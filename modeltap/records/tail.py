@@ -4,8 +4,7 @@ Owns: waiting for each database to appear (so `tail` may start before `serve`) a
 asked for to begin (each said once on stderr), printing each one's last exchanges, then each new one
 as it is recorded, numbered within its session, named with its store when there are several. What
 it reads follows what it prints: the last few rows, then the rows after the last one seen, and one
-count per session it meets. Does not own: a row as a turn or a line
-(view.py), reading (store.py).
+count per session it meets. Does not own: a row as a turn or a line (view.py), reading (store.py).
 
     follow(["node1/records.db", "node2/records.db"], session="s-3f", stop=threading.Event())
 """

@@ -35,6 +35,10 @@ LOOKBACK = 16
 # One message or reply per line in the session view; the full text is one `show SESSION TURN` away.
 LINE_CHARS = 110
 _ROLE_WIDTH = 10
+# A tools list an earlier turn showed is named by its first few tools.
+TOOLS_NAMED = 3
+# The roles a system prompt comes in (OpenAI's newer models call it developer).
+SYSTEM_ROLES = ("system", "developer")
 
 
 def turns(
@@ -157,12 +161,72 @@ def session_turns(
     if labels:
         title += "  " + " ".join(f"{k}={v}" for k, v in labels.items())
     head = [title, *(rollout_lines(session) if session is not None else [])]
-    return "\n".join([*head, *(line for turn in listed for line in _turn_lines(turn, LINE_CHARS))])
+    seen = _Seen()
+    lines = [
+        line
+        for turn, ex in zip(listed, exchanges, strict=True)
+        for line in _turn_lines(turn, LINE_CHARS, tools=ex.get("request"), seen=seen)
+    ]
+    return "\n".join([*head, *lines])
 
 
-def turn_text(turn: dict[str, Any]) -> str:
-    """One turn in full (`modeltap show S TURN`); with its bodies when the turn carries them."""
-    lines = _turn_lines(turn, None)
+class _Seen:
+    """What a session view already showed in full: system prompts and tools lists, each with the turn
+    that first showed it, so a long session repeats neither."""
+
+    def __init__(self) -> None:
+        self.systems: dict[str, int] = {}
+        self.tools: dict[str, int] = {}
+
+    def system(self, text: str, turn: int) -> int | None:
+        """The turn that showed this system prompt before, else None (and remember this one)."""
+        earlier = self.systems.get(text)
+        self.systems.setdefault(text, turn)
+        return earlier
+
+    def tools_list(self, tools: list[Any], turn: int) -> int | None:
+        """The turn that showed these tools before, else None (and remember this one)."""
+        key = json.dumps(tools, sort_keys=True, ensure_ascii=False)
+        earlier = self.tools.get(key)
+        self.tools.setdefault(key, turn)
+        return earlier
+
+
+def tool_names(tools: Any) -> list[str]:
+    """The names of a request's tools, in every format: OpenAI chat `{"function": {"name"}}`,
+    Responses and Anthropic `{"name"}`, a built-in tool by its `type`."""
+    names = []
+    for tool in tools if isinstance(tools, list) else []:
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        names.append(str(name or tool.get("name") or tool.get("type") or "?"))
+    return names
+
+
+def _tools_lines(request: Any, turn: int, indent: str, width: int | None, seen: _Seen | None) -> list[str]:
+    """The tools a request offers, by name; in a session view, once, then `as in turn N`."""
+    tools = request.get("tools") if isinstance(request, dict) else None
+    names = tool_names(tools)
+    if not names:
+        return []
+    offered = f"{indent}tools: {len(names)} offered"
+    earlier = seen.tools_list(tools, turn) if seen is not None and isinstance(tools, list) else None
+    if earlier is not None:
+        shown = ", ".join(names[:TOOLS_NAMED]) + (", …" if len(names) > TOOLS_NAMED else "")
+        return [f"{offered} ({shown}), as in turn {earlier}"]
+    return list(_wrapped(offered + " ", "(" + ", ".join(names) + ")", width))
+
+
+def _chars(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+def turn_text(turn: dict[str, Any], request: Any = None) -> str:
+    """One turn in full (`modeltap show S TURN`); with its bodies when the turn carries them. The tools
+    its `request` (or its own `request`) offers are named."""
+    lines = _turn_lines(turn, None, tools=request if request is not None else turn.get("request"))
     for key, title in (("request", "request"), ("sent", "sent upstream (clamped)"), ("response", "response")):
         if turn.get(key) is not None:
             lines += [f"── {title}", pretty(turn[key])]
@@ -207,7 +271,12 @@ def _continued(exchanges: Sequence[dict[str, Any]], index: int) -> int | None:
     return best[1]
 
 
-def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
+def _turn_lines(
+    turn: dict[str, Any], width: int | None, *, tools: Any = None, seen: _Seen | None = None
+) -> list[str]:
+    """A turn's lines: one per message cut to `width`, or in full (None). `tools` is its request (for
+    the tools it offers); with `seen`, a system prompt or tools list an earlier turn of the session
+    showed collapses to one line naming that turn."""
     lines = [f"#{turn['turn']}  {_when(turn['started'])}  {_headline(turn)}"]
     indent = "    "
     if width is None:
@@ -216,6 +285,7 @@ def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
         lines.append(f"{indent}{turn['method']} {turn['path']}  model {turn['model'] or '-'}{client}{retry}")
     if turn["continues"] is not None and turn["continues"] != turn["turn"] - 1:
         lines.append(f"{indent}(continues #{turn['continues']})")
+    lines += _tools_lines(tools, turn["turn"], indent, width, seen)
     if turn["translated"]:
         lines += _translation_lines(turn, indent)
     elif turn["synthesised"]:
@@ -224,6 +294,11 @@ def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
         )
     for message in turn["new_messages"]:
         role, text = describe_message(message)
+        earlier = seen.system(text, turn["turn"]) if seen is not None and role in SYSTEM_ROLES else None
+        if earlier is not None:
+            said = f"system prompt, {_chars(len(text))} chars, as in turn {earlier}"
+            lines.append(f"{indent}+ {role:<{_ROLE_WIDTH}} {said}")
+            continue
         lines += _wrapped(f"{indent}+ {role:<{_ROLE_WIDTH}} ", text, width)
     for call in turn["tool_calls"]:
         lines += _wrapped(f"{indent}← {'tool call':<{_ROLE_WIDTH}} ", call_text(call), width)
