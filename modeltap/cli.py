@@ -45,6 +45,7 @@ from modeltap.records.stats import stats, stats_table
 from modeltap.records.store import StoreReader
 from modeltap.records.stores import Stores, expand, patterns_from, reader_patterns, remember_store
 from modeltap.records.tail import follow
+from modeltap.records.terminal import emit
 from modeltap.records.ui import viewer_app
 from modeltap.records.view import pretty, session_turns, turn_text, turns
 
@@ -583,11 +584,14 @@ def _show(args: argparse.Namespace) -> int:
         if not 1 <= args.turn <= len(listed):
             raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
         turn = listed[args.turn - 1]
-        print(pretty(turn) if args.json else turn_text(turn, rows[args.turn - 1]["request"]))
+        if args.json:
+            print(pretty(turn))
+        else:
+            emit(turn_text(turn, rows[args.turn - 1]["request"]))
     elif args.json:
         print(pretty(listed))
     else:
-        print(
+        emit(
             "\n\n".join(turn_text(t) for t in listed)
             if args.full
             else session_turns(session_id, rows, session, tokens=tokens)
