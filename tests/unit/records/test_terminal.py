@@ -28,7 +28,8 @@ def run_on_a_terminal(argv: list[str], rows: int, env: dict[str, str]) -> tuple[
     showed, and the exit status."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, 120, 0, 0))
-    full_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": os.environ.get("HOME", "/")}
+    inherited = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "PAGER", "LESS")}
+    full_env = inherited | {"PYTHONPATH": str(REPO)}  # (coverage's settings for children pass through)
     process = subprocess.Popen(
         [sys.executable, "-m", "modeltap", *argv],
         stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE, env=full_env | env,
@@ -93,3 +94,27 @@ def test_emit_and_colour_without_a_terminal() -> None:
     assert (
         coloured("#1 x\n    ! boom\n    plain") == f"{ESC}1m#1 x{ESC}0m\n{ESC}31m    ! boom{ESC}0m\n    plain"
     )
+
+
+class Screen(io.StringIO):
+    """A terminal as `emit` sees one: it says it is a tty and has no size (80x24 then)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_emit_on_a_terminal_pages_only_what_is_taller_than_it(tmp_path: Path) -> None:
+    paged = tmp_path / "paged.txt"
+    pager = f"sh -c 'cat > {paged}'"
+    tall = "\n".join(f"#{n} line" for n in range(30))
+    screen = Screen()
+    emit("#1 short", screen, {"PAGER": pager})
+    assert screen.getvalue() == f"{ESC}1m#1 short{ESC}0m\n" and not paged.exists()
+    emit("x" * 81 * 12 + "\n" * 12, Screen(), {"PAGER": pager})  # 12 lines wrapped to 24, and 12 more
+    assert paged.exists()
+    paged.unlink()
+    emit(tall, screen := Screen(), {"PAGER": pager, "NO_COLOR": "1"})
+    assert screen.getvalue() == "" and paged.read_text() == tall + "\n"  # plain: NO_COLOR
+    for no_pager in ({"PAGER": "cat"}, {"PAGER": ""}, {"PAGER": "no-such-pager-here"}):
+        emit(tall, screen := Screen(), no_pager | {"NO_COLOR": "1"})
+        assert screen.getvalue() == tall + "\n"
