@@ -18,8 +18,9 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from modeltap.records.messages import call_text, describe_message
 from modeltap.records.store import StoreReader
-from modeltap.records.view import call_text, describe_message, turns
+from modeltap.records.view import turns
 
 # Characters of context a hit's line shows on each side of the match: a terminal line holds a
 # match and a sentence around it.

@@ -7,7 +7,7 @@ from typing import Any
 
 from modeltap.records.exchange import Exchange
 from modeltap.records.store import StoreReader
-from modeltap.records.view import session_turns, tail_line, tool_results, turn_text, turns
+from modeltap.records.view import session_turns, tail_line, turn_text, turns
 from tests.factories import assistant, exchange, recorded, tool_call
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -127,24 +127,6 @@ async def test_session_text_lists_messages_calls_results_and_reply(tmp_path: Pat
     full = turn_text(turns(rows, full=True)[1])
     assert full.count("line") > 100 and "── request" in full and "── response" in full
     assert "POST /v1/chat/completions  model m  client OpenAI/Python 3.57.0" in full
-
-
-def test_tool_results_in_every_dialect() -> None:
-    anthropic = {
-        "role": "user",
-        "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "42"}]},
-            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "boom", "is_error": True},
-            {"type": "text", "text": "go on"},
-        ],
-    }
-    responses = {"type": "function_call_output", "call_id": "fc_1", "output": "42"}
-    assert tool_results([RESULT, anthropic, responses, ASK]) == [
-        {"id": "call_1", "content": "42\n", "is_error": False},
-        {"id": "toolu_1", "content": "42", "is_error": False},
-        {"id": "toolu_2", "content": "boom", "is_error": True},
-        {"id": "fc_1", "content": "42", "is_error": False},
-    ]
 
 
 async def test_anthropic_turns_show_blocks_and_a_changed_system_prompt(tmp_path: Path) -> None:
