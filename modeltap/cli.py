@@ -98,7 +98,7 @@ EPILOG_GREP = """examples:
 one line per hit: SESSION #TURN role: the text around the match; exit status 0 when something matched,
 1 when nothing did, 2 on error (as grep)"""
 EPILOG_STATS = """examples:
-  modeltap stats                          finish reasons, error classes, token p50/p90/p99, all sessions
+  modeltap stats                          finish reasons, error classes, token p50/p90/p99 (newest 50)
   modeltap stats --label task_id --all    one row per task, over every session
   modeltap stats --label agent --label experiment=grpo-7 --json
 --label K (no =) groups by that label; --label K=V filters, as in sessions"""
