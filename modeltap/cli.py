@@ -45,7 +45,7 @@ from modeltap.records.stats import stats, stats_table
 from modeltap.records.store import StoreReader
 from modeltap.records.stores import Stores, expand, patterns_from, reader_patterns, remember_store
 from modeltap.records.tail import follow
-from modeltap.records.terminal import emit
+from modeltap.records.terminal import colour_wanted, emit
 from modeltap.records.ui import viewer_app
 from modeltap.records.view import pretty, session_turns, turn_text, turns
 
@@ -522,6 +522,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _grep(args: argparse.Namespace) -> int:
     pattern = compile_pattern(args.pattern, ignore_case=args.ignore_case, fixed=args.fixed_strings)
     query = _session_query(args)
+    highlight = sys.stdout.isatty() and colour_wanted(os.environ)
     hits = 0
     with _stores(args) as stores:
         chosen = stores.selected(query)
@@ -533,7 +534,7 @@ def _grep(args: argparse.Namespace) -> int:
         else:
             for hit in found:
                 hits += 1
-                print(hit_line(hit, with_store=stores.several), flush=hits % 100 == 0)
+                print(hit_line(hit, with_store=stores.several, highlight=highlight), flush=hits % 100 == 0)
     if query.limit is not None and len(chosen) == query.limit:
         print(f"(searched the newest {query.limit} sessions; --limit N or --all for more)", file=sys.stderr)
     return 0 if hits else 1

@@ -25,6 +25,8 @@ from modeltap.records.view import turns
 # Characters of context a hit's line shows on each side of the match: a terminal line holds a
 # match and a sentence around it.
 CONTEXT_CHARS = 50
+# How a terminal shows the match: bold red, as grep --color does.
+_MATCH, _RESET = "\x1b[1;31m", "\x1b[0m"
 
 
 def compile_pattern(pattern: str, *, ignore_case: bool = False, fixed: bool = False) -> re.Pattern[str]:
@@ -74,11 +76,17 @@ def said(turn: dict[str, Any]) -> str:
     return " ".join(p for p in [turn["reply"] or "", *map(call_text, turn["tool_calls"])] if p)
 
 
-def hit_line(hit: dict[str, Any], *, with_store: bool = False) -> str:
-    """`SESSION #TURN role: …context…`, on one line (and `[store]` first with `with_store`)."""
+def hit_line(hit: dict[str, Any], *, with_store: bool = False, highlight: bool = False) -> str:
+    """`SESSION #TURN role: …context…`, on one line (and `[store]` first with `with_store`; the match
+    in bold red with `highlight`, for a terminal)."""
     more = f"  (+{hit['matches'] - 1} more)" if hit["matches"] > 1 else ""
     where = f"[{hit['store']}] " if with_store else ""
-    return f"{where}{hit['session']} #{hit['turn']} {hit['role']}: {hit['context']}{more}"
+    said = hit["context"]
+    match = _one_line(hit["match"]).strip() if highlight else ""
+    at = said.find(match) if match else -1
+    if at >= 0:
+        said = f"{said[:at]}{_MATCH}{match}{_RESET}{said[at + len(match) :]}"
+    return f"{where}{hit['session']} #{hit['turn']} {hit['role']}: {said}{more}"
 
 
 def _hit(

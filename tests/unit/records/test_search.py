@@ -133,6 +133,9 @@ def test_a_hit_is_one_line_with_its_context_cut_at_both_ends() -> None:
     hit = {"store": "x.db", "session": "s-1", "turn": 4, "role": "user", "context": "a needle", "matches": 3}
     assert hit_line(hit) == "s-1 #4 user: a needle  (+2 more)"
     assert hit_line(hit, with_store=True).startswith("[x.db] s-1 #4")
+    assert hit_line(hit | {"match": "needle"}, highlight=True) == (
+        "s-1 #4 user: a \x1b[1;31mneedle\x1b[0m  (+2 more)"
+    )
 
 
 async def test_several_stores_are_searched(tmp_path: Path) -> None:

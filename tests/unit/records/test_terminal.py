@@ -118,3 +118,11 @@ def test_emit_on_a_terminal_pages_only_what_is_taller_than_it(tmp_path: Path) ->
     for no_pager in ({"PAGER": "cat"}, {"PAGER": ""}, {"PAGER": "no-such-pager-here"}):
         emit(tall, screen := Screen(), no_pager | {"NO_COLOR": "1"})
         assert screen.getvalue() == tall + "\n"
+
+
+def test_grep_marks_the_match_on_a_terminal_only(store: Path) -> None:
+    argv = ["grep", "task t1", "--store", str(store)]
+    shown, _ = run_on_a_terminal(argv, 50, {})
+    assert shown == f"s-long #1 user: Solve {ESC}1;31mtask t1{ESC}0m.\n"
+    shown, _ = run_on_a_terminal(argv, 50, {"NO_COLOR": "1"})
+    assert shown == "s-long #1 user: Solve task t1.\n"
