@@ -40,9 +40,12 @@ from modeltap.records.mock import load_mock, mock_app
 from modeltap.records.prune import needs_full_vacuum, prune, vacuum
 from modeltap.records.query import DEFAULT_GROUP_LABEL, DEFAULT_LIMIT, SessionQuery, parse_label, parse_when
 from modeltap.records.replay import comparison_text, replay
+from modeltap.records.search import compile_pattern, hit_line, search
+from modeltap.records.stats import stats, stats_table
 from modeltap.records.store import StoreReader
-from modeltap.records.stores import Stores, expand, patterns_from
+from modeltap.records.stores import Stores, expand, patterns_from, reader_patterns, remember_store
 from modeltap.records.tail import follow
+from modeltap.records.terminal import colour_wanted, emit
 from modeltap.records.ui import viewer_app
 from modeltap.records.view import pretty, session_turns, turn_text, turns
 
@@ -88,6 +91,17 @@ EPILOG_MOCK = """examples:
   modeltap mock --session s-3f2a --strict   a test fixture: an off-script request gets a 409
 each request is logged on stderr with how it matched (exact #3, next in order #4 (diverged at ...));
 GET /_modeltap/mock says what was served, POST /_modeltap/mock/reset starts the session over"""
+EPILOG_GREP = """examples:
+  modeltap grep Traceback                     which turn of which session saw a traceback
+  modeltap grep -i 'rm -rf' --label task_id=fix-bug --all     in tool calls too, every session
+  modeltap grep 'rate.?limit' --errors --json                 the hits as JSON, for scripts
+one line per hit: SESSION #TURN role: the text around the match; exit status 0 when something matched,
+1 when nothing did, 2 on error (as grep)"""
+EPILOG_STATS = """examples:
+  modeltap stats                          finish reasons, error classes, token p50/p90/p99 (newest 50)
+  modeltap stats --label task_id --all    one row per task, over every session
+  modeltap stats --label agent --label experiment=grpo-7 --json
+--label K (no =) groups by that label; --label K=V filters, as in sessions"""
 EPILOG_UI = """example:
   modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
@@ -155,6 +169,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     _store_option(groups)
     _json_option(groups)
+
+    grep = _command(
+        commands,
+        "grep",
+        _grep,
+        "search messages, tool calls and errors across sessions for a regular expression",
+        EPILOG_GREP,
+    )
+    grep.add_argument("pattern", help="a Python regular expression (-F: literal text)")
+    grep.add_argument("-i", "--ignore-case", action="store_true", help="match upper and lower case alike")
+    grep.add_argument("-F", "--fixed-strings", action="store_true", help="PATTERN is literal text")
+    _filter_options(grep)
+    _store_option(grep)
+    _json_option(grep)
+
+    stats_ = _command(
+        commands,
+        "stats",
+        _stats,
+        "finish reasons, error classes and token percentiles per exchange, per value of a label",
+        EPILOG_STATS,
+    )
+    _filter_options(stats_, group_by=True)
+    _store_option(stats_)
+    _json_option(stats_)
 
     show = _command(commands, "show", _show, "show a session turn by turn: what each turn added", EPILOG_SHOW)
     show.add_argument("session", help="session id, or its first characters")
@@ -340,10 +379,15 @@ def _store_option(parser: argparse.ArgumentParser, *, several: bool = True) -> N
     )
 
 
-def _filter_options(parser: argparse.ArgumentParser) -> None:
-    """`sessions`' filters: they combine."""
+def _filter_options(parser: argparse.ArgumentParser, *, group_by: bool = False) -> None:
+    """`sessions`' filters: they combine. With `group_by`, a `--label K` without `=` names the label
+    to group by."""
     parser.add_argument(
-        "--label", action="append", metavar="K=V", help="only sessions with this label; repeatable"
+        "--label",
+        action="append",
+        metavar="K=V" if not group_by else "K[=V]",
+        help="only sessions with this label; repeatable"
+        + ("; K alone: one row per value of K (task_id, agent)" if group_by else ""),
     )
     parser.add_argument("--outcome", choices=OUTCOMES, help="only rollouts that ended so")
     parser.add_argument("--errors", action="store_true", help="only sessions with an exchange that failed")
@@ -368,7 +412,16 @@ def _store_path(args: argparse.Namespace) -> str:
 
 
 def _store_patterns(args: argparse.Namespace) -> list[str]:
-    """What names the stores a reader reads: `--store` (repeatable, globs), else MODELTAP_STORE."""
+    """What names the stores a reader reads: `--store` (repeatable, globs), else MODELTAP_STORE, else
+    the default if it is here, else the store the last `modeltap serve` wrote to (said on stderr)."""
+    patterns, last = reader_patterns(args.store, os.environ, DEFAULT_STORE)
+    if last is not None:
+        print(f"reading {last} (the store the last modeltap serve wrote)", file=sys.stderr)
+    return patterns
+
+
+def _prune_patterns(args: argparse.Namespace) -> list[str]:
+    """The stores prune and vacuum change: only those named, or the default, never a remembered one."""
     return patterns_from(args.store, os.environ, DEFAULT_STORE)
 
 
@@ -399,12 +452,22 @@ def _serve(args: argparse.Namespace) -> int:
 async def _serve_until_signalled(config: ProxyConfig, observers: Sequence[object]) -> None:
     stop = _stop_on_signals()
     async with Proxy(config, observers=observers) as proxy:
+        await asyncio.to_thread(_remember_store, config.store)
         default = None
         if config.upstream_key and not is_loopback(config.host) and not config.lend_key_to_anonymous:
             default = proxy.sessions.open(session_id="default", labels={"opened_by": "serve"})
         print(startup_report(proxy, default), flush=True)
         await stop.wait()
         print("modeltap: stopping; flushing records", flush=True)
+
+
+def _remember_store(store: str) -> None:
+    """Leave the store's path where a reader started elsewhere finds it. A home that cannot be written
+    costs that convenience only: serving goes on."""
+    try:
+        remember_store(store, os.environ)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("cannot note the store for readers started elsewhere: %s", exc)
 
 
 def _stop_on_signals() -> asyncio.Event:
@@ -417,15 +480,20 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def _sessions(args: argparse.Namespace) -> int:
-    query = SessionQuery(
-        labels=tuple(parse_label(label) for label in args.label or ()),
+def _session_query(args: argparse.Namespace, labels: Sequence[str] | None = None) -> SessionQuery:
+    """The SessionQuery of `_filter_options` (`labels`: the K=V filters, when not all of --label)."""
+    return SessionQuery(
+        labels=tuple(parse_label(label) for label in (args.label or () if labels is None else labels)),
         outcome=args.outcome,
         errors=args.errors,
         since=parse_when(args.since) if args.since else None,
         until=parse_when(args.until) if args.until else None,
         limit=None if args.all else args.limit,
     )
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    query = _session_query(args)
     with _stores(args) as stores:
         rows, several = stores.sessions(query), stores.several
     if args.json:
@@ -435,6 +503,41 @@ def _sessions(args: argparse.Namespace) -> int:
     if query.limit is not None and len(rows) == query.limit:
         print(f"(the newest {query.limit}; --limit N or --all for more)")
     return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    group_by = [label for label in args.label or () if "=" not in label]
+    if len(group_by) > 1:
+        raise ValueError(f"stats groups by one label, not {len(group_by)}: give one --label K without =")
+    query = _session_query(args, [label for label in args.label or () if "=" in label])
+    with _stores(args) as stores:
+        chosen = stores.selected(query)
+        groups = stats(chosen, group_by[0] if group_by else None)
+    print(pretty(groups) if args.json else stats_table(groups))
+    if query.limit is not None and len(chosen) == query.limit:
+        print(f"(over the newest {query.limit} sessions; --limit N or --all for more)", file=sys.stderr)
+    return 0
+
+
+def _grep(args: argparse.Namespace) -> int:
+    pattern = compile_pattern(args.pattern, ignore_case=args.ignore_case, fixed=args.fixed_strings)
+    query = _session_query(args)
+    highlight = sys.stdout.isatty() and colour_wanted(os.environ)
+    hits = 0
+    with _stores(args) as stores:
+        chosen = stores.selected(query)
+        found = search(chosen, pattern)
+        if args.json:
+            listed = list(found)
+            hits = len(listed)
+            print(pretty(listed))
+        else:
+            for hit in found:
+                hits += 1
+                print(hit_line(hit, with_store=stores.several, highlight=highlight), flush=hits % 100 == 0)
+    if query.limit is not None and len(chosen) == query.limit:
+        print(f"(searched the newest {query.limit} sessions; --limit N or --all for more)", file=sys.stderr)
+    return 0 if hits else 1
 
 
 def _groups(args: argparse.Namespace) -> int:
@@ -454,14 +557,14 @@ def _diff(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace) -> int:
     labels = [parse_label(label) for label in args.label or ()]
     before = parse_when(args.before) if args.before else None
-    for path in expand(_store_patterns(args)):
+    for path in expand(_prune_patterns(args)):
         freed = prune(path, before=before, keep_last=args.keep_last, labels=labels)
         print(f"{path}: {freed.text()}")
     return 0
 
 
 def _vacuum(args: argparse.Namespace) -> int:
-    for path in expand(_store_patterns(args)):
+    for path in expand(_prune_patterns(args)):
         if path.exists() and needs_full_vacuum(path):
             print(
                 f"{path} predates incremental vacuuming: this rewrites it in one pass, holding its write "
@@ -482,11 +585,14 @@ def _show(args: argparse.Namespace) -> int:
         if not 1 <= args.turn <= len(listed):
             raise ValueError(f"session {session_id} has turns 1..{len(listed)}, not {args.turn}")
         turn = listed[args.turn - 1]
-        print(pretty(turn) if args.json else turn_text(turn))
+        if args.json:
+            print(pretty(turn))
+        else:
+            emit(turn_text(turn, rows[args.turn - 1]["request"]))
     elif args.json:
         print(pretty(listed))
     else:
-        print(
+        emit(
             "\n\n".join(turn_text(t) for t in listed)
             if args.full
             else session_turns(session_id, rows, session, tokens=tokens)

@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ import pytest
 # transformers is the counting tests' oracle (modeltap never imports it); its "PyTorch was not found"
 # advice is noise here.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+# `modeltap serve` notes its store in the user's state directory for readers started elsewhere: every
+# serve a test runs (in process or as a child, which inherits this) notes it here, never in the real
+# home. A test of the note itself sets its own.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="modeltap-test-state-")
 
 pytest_plugins = ["tests.standins.fixtures", "tests.store_guard"]
 

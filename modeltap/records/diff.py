@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from modeltap.records.listing import rollout_lines
+from modeltap.records.messages import call_text, describe_message
 from modeltap.records.stores import Stores
 from modeltap.records.text import short
-from modeltap.records.view import call_text, describe_message, turns
+from modeltap.records.view import turns
 
 # The side-by-side view splits the terminal in two; a narrower one still gets readable columns.
 MIN_COLUMN_CHARS = 40

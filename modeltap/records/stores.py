@@ -1,7 +1,8 @@
 """Several records databases read as one set of sessions: the files of many nodes, named by `--store`
 given more than once, by globs, or by `MODELTAP_STORE` holding a list.
 
-Owns: turning what the user gave into database paths (each glob expanded, each file once), a reader
+Owns: turning what the user gave into database paths (each glob expanded, each file once), the
+store the last `modeltap serve` wrote to (a one-line state file) for a reader given none, a reader
 for each, finding a session by the first characters of its id across them, and listing and grouping
 across them. A session id found in two stores is two sessions: each row says which store it is from.
 Does not own: reading one store (store.py), the filters and merging (query.py), printing (view.py).
@@ -14,6 +15,7 @@ Does not own: reading one store (store.py), the filters and merging (query.py), 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import glob
 import os
 from collections.abc import Mapping, Sequence
@@ -25,6 +27,12 @@ from modeltap.records.store import StoreReader
 
 # How many matches of an id prefix an ambiguity message names.
 AMBIGUOUS_SHOWN = 10
+# How many ids a "no such session" message offers: the closest, or else the newest.
+SUGGESTED = 5
+# Where `modeltap serve` leaves the absolute path of its store, under the XDG state directory (state
+# that persists between runs but is not worth backing up:
+# https://specifications.freedesktop.org/basedir-spec/latest/), so a reader started elsewhere finds it.
+LAST_STORE_FILE = Path("modeltap") / "last-store"
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -35,6 +43,46 @@ def patterns_from(flags: Sequence[str] | None, env: Mapping[str, str], default: 
         return list(flags)
     listed = [part for part in env.get("MODELTAP_STORE", "").split(os.pathsep) if part]
     return listed or [default]
+
+
+def reader_patterns(
+    flags: Sequence[str] | None, env: Mapping[str, str], default: str
+) -> tuple[list[str], Path | None]:
+    """What names the stores a reader reads (`patterns_from`), and, when nothing named one and
+    `default` is not here, the store the last `modeltap serve` wrote to instead: (its path as the one
+    pattern, that path), so the reader can say it is reading it. Else (patterns, None)."""
+    patterns = patterns_from(flags, env, default)
+    if flags or env.get("MODELTAP_STORE") or Path(default).exists():
+        return patterns, None
+    last = last_store(env)
+    return ([str(last)], last) if last is not None else (patterns, None)
+
+
+def last_store_file(env: Mapping[str, str]) -> Path:
+    """`$XDG_STATE_HOME/modeltap/last-store`, or `~/.local/state/modeltap/last-store`."""
+    state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / LAST_STORE_FILE
+
+
+def remember_store(path: Path | str, env: Mapping[str, str]) -> Path:
+    """Write `path`, made absolute, as the store the last `modeltap serve` wrote to; returns the state
+    file. Replaced whole (a temporary file renamed), so a reader never sees half a path."""
+    state = last_store_file(env)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    partial = state.with_name(f"{state.name}.{os.getpid()}")
+    partial.write_text(str(Path(path).resolve()) + "\n", encoding="utf-8")
+    partial.replace(state)
+    return state
+
+
+def last_store(env: Mapping[str, str]) -> Path | None:
+    """The store the last `modeltap serve` wrote to, if it said and the file is still there."""
+    try:
+        text = last_store_file(env).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    path = Path(text)
+    return path if text and path.is_absolute() and path.exists() else None
 
 
 def expand(patterns: Sequence[str], *, missing_ok: bool = False) -> list[Path]:
@@ -111,6 +159,12 @@ class Stores:
             answers.append([row | {"store": str(reader.path)} for row in reader.sessions(asked)])
         return query.merge(answers)
 
+    def selected(self, query: SessionQuery) -> list[tuple[StoreReader, dict[str, Any]]]:
+        """The sessions `query` selects (as `sessions` gives them), each with the reader of its store,
+        for a command that goes on to read their exchanges."""
+        readers = {str(reader.path): reader for reader in self.readers}
+        return [(readers[row["store"]], row) for row in self.sessions(query)]
+
     def groups(self, label: str) -> list[dict[str, Any]]:
         """The groups of `label` over every store (query.merge_groups)."""
         return merge_groups(reader.groups(label) for reader in self.readers)
@@ -134,9 +188,31 @@ class Stores:
             raise ValueError(
                 f"session {same[0][1]} is in {len(same)} stores ({where}); name one with --store"
             )
-        found = ", ".join(self._named(reader, sid) for reader, sid in matches[:AMBIGUOUS_SHOWN]) or "none"
+        if not matches:
+            raise ValueError(self._missing(prefix))
+        found = ", ".join(self._named(reader, sid) for reader, sid in matches[:AMBIGUOUS_SHOWN])
         count = str(len(matches)) if len(matches) <= AMBIGUOUS_SHOWN else f"more than {AMBIGUOUS_SHOWN}"
         raise ValueError(f"{prefix!r} names {count} sessions ({found}); give more of the id")
+
+    def _missing(self, prefix: str) -> str:
+        """What to say of an id no session has: the ids closest to it, or else the newest few. Every id
+        is compared (difflib), which on this error path costs about a second per 100k sessions."""
+        where = ", ".join(str(reader.path) for reader in self.readers)
+        ids = sorted({sid for reader in self.readers for sid in reader.session_ids("")})
+        if not ids:
+            return f"no session {prefix!r}: {where} holds no sessions yet"
+        close = difflib.get_close_matches(prefix, ids, n=SUGGESTED)
+        if not close:  # the first characters of an id, mistyped: compare them with ids' as long
+            starts: dict[str, list[str]] = {}
+            for sid in ids:
+                starts.setdefault(sid[: len(prefix)], []).append(sid)
+            near = difflib.get_close_matches(prefix, starts, n=SUGGESTED)
+            close = [sid for start in near for sid in starts[start]][:SUGGESTED]
+        if close:
+            return f"no session {prefix!r} in {where}; the closest: {', '.join(close)}"
+        newest = [row["id"] for row in self.sessions(SessionQuery(limit=SUGGESTED))]
+        listed = ", ".join(dict.fromkeys(newest))
+        return f"no session {prefix!r} in {where}; the newest: {listed} (modeltap sessions lists more)"
 
     def _named(self, reader: StoreReader, session_id: str) -> str:
         return f"{session_id} in {reader.path}" if self.several else session_id

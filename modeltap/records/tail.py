@@ -1,10 +1,10 @@
 """`modeltap tail`: following one or several records databases while `serve` writes them.
 
-Owns: waiting for each database to appear (so `tail` may start before `serve`), printing each one's
-last exchanges, then each new one as it is recorded, numbered within its session, named with its
-store when there are several. What it reads follows what it prints: the last few rows, then the rows
-after the last one seen, and one count per session it meets. Does not own: a row as a turn or a line
-(view.py), reading (store.py).
+Owns: waiting for each database to appear (so `tail` may start before `serve`) and for the session
+asked for to begin (each said once on stderr), printing each one's last exchanges, then each new one
+as it is recorded, numbered within its session, named with its store when there are several. What
+it reads follows what it prints: the last few rows, then the rows after the last one seen, and one
+count per session it meets. Does not own: a row as a turn or a line (view.py), reading (store.py).
 
     follow(["node1/records.db", "node2/records.db"], session="s-3f", stop=threading.Event())
 """
@@ -37,9 +37,12 @@ class _Followed:
     name: str | None
     reader: StoreReader | None = None
     session: str | None = None
+    # The id (or first characters) asked for, while no session of this store has it yet.
+    awaited: str | None = None
     last_seq: int = 0
     numbers: dict[str, int] = field(default_factory=dict)
     said_waiting: bool = False
+    said_awaiting: bool = False
 
 
 def follow(
@@ -64,6 +67,8 @@ def follow(
             for one in followed:
                 if one.reader is None:
                     _open(one, session, history, as_json, out)
+                elif one.awaited is not None:
+                    _look_for_session(one, history, as_json, out)
                 else:
                     for row in one.reader.exchanges(one.session, after_seq=one.last_seq):
                         _print(one, row, as_json, out)
@@ -92,8 +97,35 @@ def _open(one: _Followed, session: str | None, history: int, as_json: bool, out:
             raise
         return  # being created or upgraded by `serve`: look again at the next poll
     if session is not None:
-        matches = one.reader.session_ids(session, limit=2)
-        session = matches[0] if len(matches) == 1 else session
+        one.awaited = session
+        _look_for_session(one, history, as_json, out)
+        return
+    _start(one, None, history, as_json, out)
+
+
+def _look_for_session(one: _Followed, history: int, as_json: bool, out: TextIO) -> None:
+    """Follow the session `one` awaits once its store has it (the id, or the first characters of
+    exactly one id); until then say, once, that it is waited for."""
+    assert one.reader is not None and one.awaited is not None
+    matches = one.reader.session_ids(one.awaited, limit=2)
+    if one.awaited in matches or len(matches) == 1:
+        found = one.awaited if one.awaited in matches else matches[0]
+        if one.said_awaiting:
+            print(f"modeltap tail: session {found} began; following it", file=sys.stderr)
+        one.awaited = None
+        _start(one, found, history, as_json, out)
+    elif not one.said_awaiting:
+        what = "names several sessions" if matches else "does not exist yet"
+        print(
+            f"modeltap tail: session {one.awaited} {what} in {one.path}; waiting for it",
+            file=sys.stderr,
+        )
+        one.said_awaiting = True
+
+
+def _start(one: _Followed, session: str | None, history: int, as_json: bool, out: TextIO) -> None:
+    """Print the last `history` exchanges (of `session`, or of all), then follow from there."""
+    assert one.reader is not None
     one.session = session
     recent = one.reader.recent(session, history) if history > 0 else []
     for row in recent:

@@ -23,6 +23,7 @@ from typing import Any
 
 from modeltap import dialects
 from modeltap.records.listing import rollout_lines
+from modeltap.records.messages import call_text, describe_message, tool_names, tool_results
 from modeltap.records.text import num as _num
 from modeltap.records.text import short as _short
 from modeltap.records.text import when as _when
@@ -35,6 +36,10 @@ LOOKBACK = 16
 # One message or reply per line in the session view; the full text is one `show SESSION TURN` away.
 LINE_CHARS = 110
 _ROLE_WIDTH = 10
+# A tools list an earlier turn showed is named by its first few tools.
+TOOLS_NAMED = 3
+# The roles a system prompt comes in (OpenAI's newer models call it developer).
+SYSTEM_ROLES = ("system", "developer")
 
 
 def turns(
@@ -124,24 +129,6 @@ def _upstream_reply(ex: dict[str, Any]) -> dict[str, Any] | None:
     return {"finish_reason": summary.finish_reason, "reply": summary.text, "tool_calls": summary.tool_calls}
 
 
-def tool_results(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """The tool results among `messages`, as `{"id", "content", "is_error"}`: OpenAI `role: tool`
-    messages, Anthropic `tool_result` blocks, Responses `function_call_output` items."""
-    out = []
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        if message.get("role") == "tool":
-            out.append(_result(message.get("tool_call_id"), message.get("content")))
-        elif message.get("type") in ("function_call_output", "custom_tool_call_output"):
-            out.append(_result(message.get("call_id"), message.get("output")))
-        elif isinstance(message.get("content"), list):
-            for block in message["content"]:
-                if isinstance(block, dict) and block.get("type") == "tool_result":
-                    out.append(_result(block.get("tool_use_id"), block.get("content"), block.get("is_error")))
-    return out
-
-
 def session_turns(
     session_id: str,
     exchanges: Sequence[dict[str, Any]],
@@ -157,12 +144,59 @@ def session_turns(
     if labels:
         title += "  " + " ".join(f"{k}={v}" for k, v in labels.items())
     head = [title, *(rollout_lines(session) if session is not None else [])]
-    return "\n".join([*head, *(line for turn in listed for line in _turn_lines(turn, LINE_CHARS))])
+    seen = _Seen()
+    lines = [
+        line
+        for turn, ex in zip(listed, exchanges, strict=True)
+        for line in _turn_lines(turn, LINE_CHARS, tools=ex.get("request"), seen=seen)
+    ]
+    return "\n".join([*head, *lines])
 
 
-def turn_text(turn: dict[str, Any]) -> str:
-    """One turn in full (`modeltap show S TURN`); with its bodies when the turn carries them."""
-    lines = _turn_lines(turn, None)
+class _Seen:
+    """What a session view already showed in full: system prompts and tools lists, each with the turn
+    that first showed it, so a long session repeats neither."""
+
+    def __init__(self) -> None:
+        self.systems: dict[str, int] = {}
+        self.tools: dict[str, int] = {}
+
+    def system(self, text: str, turn: int) -> int | None:
+        """The turn that showed this system prompt before, else None (and remember this one)."""
+        earlier = self.systems.get(text)
+        self.systems.setdefault(text, turn)
+        return earlier
+
+    def tools_list(self, tools: list[Any], turn: int) -> int | None:
+        """The turn that showed these tools before, else None (and remember this one)."""
+        key = json.dumps(tools, sort_keys=True, ensure_ascii=False)
+        earlier = self.tools.get(key)
+        self.tools.setdefault(key, turn)
+        return earlier
+
+
+def _tools_lines(request: Any, turn: int, indent: str, width: int | None, seen: _Seen | None) -> list[str]:
+    """The tools a request offers, by name; in a session view, once, then `as in turn N`."""
+    tools = request.get("tools") if isinstance(request, dict) else None
+    names = tool_names(tools)
+    if not names:
+        return []
+    offered = f"{indent}tools: {len(names)} offered"
+    earlier = seen.tools_list(tools, turn) if seen is not None and isinstance(tools, list) else None
+    if earlier is not None:
+        shown = ", ".join(names[:TOOLS_NAMED]) + (", …" if len(names) > TOOLS_NAMED else "")
+        return [f"{offered} ({shown}), as in turn {earlier}"]
+    return list(_wrapped(offered + " ", "(" + ", ".join(names) + ")", width))
+
+
+def _chars(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+def turn_text(turn: dict[str, Any], request: Any = None) -> str:
+    """One turn in full (`modeltap show S TURN`); with its bodies when the turn carries them. The tools
+    its `request` (or its own `request`) offers are named."""
+    lines = _turn_lines(turn, None, tools=request if request is not None else turn.get("request"))
     for key, title in (("request", "request"), ("sent", "sent upstream (clamped)"), ("response", "response")):
         if turn.get(key) is not None:
             lines += [f"── {title}", pretty(turn[key])]
@@ -207,7 +241,12 @@ def _continued(exchanges: Sequence[dict[str, Any]], index: int) -> int | None:
     return best[1]
 
 
-def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
+def _turn_lines(
+    turn: dict[str, Any], width: int | None, *, tools: Any = None, seen: _Seen | None = None
+) -> list[str]:
+    """A turn's lines: one per message cut to `width`, or in full (None). `tools` is its request (for
+    the tools it offers); with `seen`, a system prompt or tools list an earlier turn of the session
+    showed collapses to one line naming that turn."""
     lines = [f"#{turn['turn']}  {_when(turn['started'])}  {_headline(turn)}"]
     indent = "    "
     if width is None:
@@ -216,6 +255,7 @@ def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
         lines.append(f"{indent}{turn['method']} {turn['path']}  model {turn['model'] or '-'}{client}{retry}")
     if turn["continues"] is not None and turn["continues"] != turn["turn"] - 1:
         lines.append(f"{indent}(continues #{turn['continues']})")
+    lines += _tools_lines(tools, turn["turn"], indent, width, seen)
     if turn["translated"]:
         lines += _translation_lines(turn, indent)
     elif turn["synthesised"]:
@@ -224,6 +264,11 @@ def _turn_lines(turn: dict[str, Any], width: int | None) -> list[str]:
         )
     for message in turn["new_messages"]:
         role, text = describe_message(message)
+        earlier = seen.system(text, turn["turn"]) if seen is not None and role in SYSTEM_ROLES else None
+        if earlier is not None:
+            said = f"system prompt, {_chars(len(text))} chars, as in turn {earlier}"
+            lines.append(f"{indent}+ {role:<{_ROLE_WIDTH}} {said}")
+            continue
         lines += _wrapped(f"{indent}+ {role:<{_ROLE_WIDTH}} ", text, width)
     for call in turn["tool_calls"]:
         lines += _wrapped(f"{indent}← {'tool call':<{_ROLE_WIDTH}} ", call_text(call), width)
@@ -330,73 +375,6 @@ def _budget_text(budget: dict[str, Any]) -> str:
         if budget.get(key):
             text += f"; {budget[key]}"
     return text
-
-
-def describe_message(message: Any) -> tuple[str, str]:
-    """(role, text) of one message in any dialect: text parts as they are, tool calls as
-    `→ name(arguments)`, tool results as `⇐ id: output`, other parts as `[type]`."""
-    if not isinstance(message, dict):
-        return "?", json.dumps(message, ensure_ascii=False)
-    kind = message.get("type")
-    if kind in ("function_call", "custom_tool_call"):
-        return "assistant", call_text(
-            {"name": message.get("name"), "arguments": message.get("arguments", message.get("input"))}
-        )
-    if kind in ("function_call_output", "custom_tool_call_output"):
-        return "tool", f"⇐ {message.get('call_id')}: {_content_text(message.get('output'))}"
-    role = str(message.get("role") or kind or "?")
-    pieces = [] if message.get("content") is None else [_content_text(message.get("content"))]
-    if role == "tool":
-        pieces.insert(0, f"⇐ {message.get('tool_call_id')}:")
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {} if isinstance(call, dict) else {}
-        pieces.append(call_text({"name": function.get("name"), "arguments": function.get("arguments")}))
-    return role, " ".join(piece for piece in pieces if piece)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return "" if content is None else json.dumps(content, ensure_ascii=False)
-    pieces = []
-    for block in content:
-        if not isinstance(block, dict):
-            pieces.append(str(block))
-            continue
-        kind = block.get("type")
-        if isinstance(block.get("text"), str):
-            pieces.append(block["text"])
-        elif kind == "tool_use":
-            pieces.append(call_text({"name": block.get("name"), "arguments": block.get("input")}))
-        elif kind == "tool_result":
-            error = " (error)" if block.get("is_error") else ""
-            pieces.append(f"⇐ {block.get('tool_use_id')}{error}: {_result_text(block.get('content'))}")
-        elif kind == "thinking":
-            pieces.append(f"(thinking) {block.get('thinking', '')}")
-        else:
-            pieces.append(f"[{kind}]")
-    return " ".join(pieces)
-
-
-def _result_text(content: Any) -> str:
-    """A tool result's content: text, or its blocks' texts. One level only: a tool result holds text
-    and images, and a hostile one nesting results in results must not recurse without end."""
-    if isinstance(content, str):
-        return content
-    texts = [b.get("text") for b in content if isinstance(b, dict)] if isinstance(content, list) else []
-    return " ".join(t for t in texts if isinstance(t, str)) or ("" if content is None else "[…]")
-
-
-def _result(call_id: Any, content: Any, is_error: Any = None) -> dict[str, Any]:
-    return {"id": call_id, "content": _content_text(content), "is_error": bool(is_error)}
-
-
-def call_text(call: dict[str, Any]) -> str:
-    arguments = call.get("arguments")
-    if arguments is not None and not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return f"→ {call.get('name')}({arguments or ''})"
 
 
 def _wrapped(prefix: str, text: str, width: int | None) -> Iterator[str]:

@@ -256,6 +256,26 @@ def test_tail_follows_serve_from_another_process(vllm_standin: OpenAILikeStandIn
     assert " #2  chat (stream)  200" in second and "stop" in second
 
 
+def test_a_reader_started_elsewhere_reads_the_store_serve_last_wrote(
+    vllm_standin: OpenAILikeStandIn,
+    store_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("MODELTAP_STORE", raising=False)
+    serve = ("serve", "--upstream", vllm_standin.url, "--port", "0", "--store", str(store_path))
+    with cli_process(*serve, ready="modeltap listening on") as (_, line):
+        assert play("http://" + line.split("listening on ")[1] + "/v1")[-1] == "42"
+    note = tmp_path / "state" / "modeltap" / "last-store"
+    assert note.read_text() == f"{store_path.resolve()}\n"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = subprocess.run([MODELTAP, "sessions"], cwd=elsewhere, capture_output=True, text=True, check=True)
+    assert run.stderr == f"reading {store_path.resolve()} (the store the last modeltap serve wrote)\n"
+    assert len(run.stdout.splitlines()) == 2  # the header and the one session
+
+
 def long_tool_loop(turns: int) -> Callable[[Conversation], Reply]:
     """A model that reads a file per turn for `turns` turns, then answers."""
 

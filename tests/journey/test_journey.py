@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,9 +94,19 @@ class User:
         assert run.returncode == 0, f"$ {script}\n{run.stdout}\n{run.stderr}"
         return run.stdout
 
+    def run(
+        self, script: str, *, cwd: Path | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `script` in bash as the user, whatever its exit status."""
+        return subprocess.run(
+            ["bash", "-c", script],
+            cwd=cwd or self.project, env=self.env, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
     @contextmanager
-    def background(self, script: str, ready: str) -> Iterator[subprocess.Popen[str]]:
-        """`script` running in the background until the block ends, once its stdout printed `ready`."""
+    def background(self, script: str, ready: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+        """`script` running in the background until the block ends, once its stdout printed `ready`:
+        the process and that line."""
         process = subprocess.Popen(
             ["bash", "-c", f"exec {script}"], cwd=self.project, env=self.env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -108,7 +120,7 @@ class User:
                 if ready in line or time.monotonic() > deadline:
                     break
             assert any(ready in line for line in seen), f"{script} never printed {ready!r}:\n{''.join(seen)}"
-            yield process
+            yield process, seen[-1].strip()
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             try:
@@ -153,7 +165,7 @@ def test_a_base_install_is_the_proxy_and_the_readers(user: User) -> None:
 def test_the_quickstart_as_written(user: User, upstream: OpenAILikeStandIn) -> None:
     blocks = quickstart()
     serve = block(blocks, "bash", "modeltap serve").strip()
-    with user.background(serve, ready="listening on") as server:
+    with user.background(serve, ready="listening on") as (server, _):
         (user.project / "opencode.json").write_text(block(blocks, "json", "opencode"))
         opencode = user.sh(
             f"env {_env(OPENCODE_OFFLINE_ENV)} {OPENCODE} run {_quote(TASK_PROMPT)}", timeout=AGENT_TIMEOUT_S
@@ -189,6 +201,58 @@ def test_the_quickstart_as_written(user: User, upstream: OpenAILikeStandIn) -> N
     for client in ("opencode", "claude-code", "codex", "openai-python", "anthropic-python"):
         assert client in sessions, f"{client} has no session of its own:\n{sessions}"
     assert server_log.count(" 200 ") >= 8, server_log
+
+
+def test_the_commands_a_user_reaches_for_next(user: User, upstream: OpenAILikeStandIn) -> None:
+    """After the quickstart (its records): grep, stats, show, a strict mock and doctor, each saying
+    what the first-hour issue promises."""
+    rows = json.loads(user.sh("modeltap sessions --json"))
+    by_client: dict[str, str] = {}
+    for row in rows:  # newest first: a client's newest session (the openai SDK's model list is older)
+        by_client.setdefault(row["labels"].get("client"), row["id"])
+    assert {"opencode", "claude-code", "codex", "openai-python"} <= set(by_client), rows
+
+    # grep: one line per hit, SESSION #TURN role: text around the match; exit status as grep's.
+    hits = user.sh("modeltap grep 'echo \\$\\(\\(6'").splitlines()
+    assert hits and all(re.match(r"^\S+ #\d+ [\w ]+: ", line) for line in hits), hits
+    assert any(" tool call: → " in line and "echo $((6 * 7))" in line for line in hits), hits
+    assert {line.split()[0] for line in hits} >= {by_client["opencode"], by_client["claude-code"]}
+    nothing = user.run("modeltap grep -i 'no agent says this'")
+    assert (nothing.returncode, nothing.stdout) == (1, ""), nothing
+
+    # stats: per client, finish reasons and token percentiles.
+    stats = user.sh("modeltap stats --label client").splitlines()
+    assert stats[0].split()[:5] == ["CLIENT", "SESSIONS", "EXCHANGES", "PROMPT", "p50/p90/p99"], stats
+    assert {line.split()[0] for line in stats[1:]} >= {"opencode", "claude-code", "codex", "openai-python"}
+    assert all(re.search(r"\d+/\d+/\d+", line) for line in stats[1:]), stats
+    assert any("tool_calls" in line for line in stats[1:]) and any("stop" in line for line in stats[1:])
+
+    # show: tools named once, then collapsed; a system prompt seen before is one line.
+    shown = user.sh(f"modeltap show {by_client['opencode']}")
+    assert re.search(r"tools: \d+ offered \(bash, ", shown), shown
+    assert re.search(r"tools: \d+ offered \([^)]*…\), as in turn \d+", shown), shown
+    every = "\n".join(user.sh(f"modeltap show {sid}") for sid in by_client.values())
+    assert re.search(r"\+ system +system prompt, [\d.]+k? chars, as in turn \d+", every), every
+
+    # A strict mock: the recorded session is served, an off-script request gets a 409.
+    sdk = by_client["openai-python"]
+    mock = f"modeltap mock --session {sdk} --strict --port 0"
+    with user.background(mock, ready="listening on") as (_, listening):
+        off_script = urllib.request.Request(
+            listening.split("listening on ")[1] + "/v1/chat/completions",
+            data=json.dumps(
+                {"model": MODEL, "messages": [{"role": "user", "content": "off script"}]}
+            ).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(off_script, timeout=30)
+    assert refused.value.code == 409
+    assert json.loads(refused.value.read())["error"]["code"] == "mock_off_script"
+
+    # doctor on the example AReaL config: no errors, exit status 0.
+    doctor = user.run("modeltap doctor examples/areal.yaml", cwd=user.source)
+    assert doctor.returncode == 0 and "0 errors" in doctor.stdout, doctor
 
 
 def _env(variables: dict[str, str]) -> str:

@@ -169,3 +169,30 @@ async def _write(store: RecordStore, record: Exchange | SessionEvent) -> None:
         store.on_session(record)
     else:
         await store.submit(record)
+
+
+async def test_the_header_shows_the_labels_and_a_long_id_wraps_whole(
+    tmp_path: Path, aiohttp_server: Callable[..., Any]
+) -> None:
+    long_id = "s-" + "0123456789abcdef" * 4 + "-retry-7"
+    labels = {"agent": "claude-code", "experiment": "grpo-7"}
+    path = await recorded(
+        tmp_path / "records.db", *rollout(long_id, "fix-parser", [assistant("ok")], labels=labels)
+    )
+    server: TestServer = await aiohttp_server(viewer_app(path))
+    async with Browser() as browser:
+        await browser.goto(str(server.make_url("/")))
+        item = f'[data-session-id="{long_id}"]'
+        await browser.wait_for(f"document.querySelector('{item}') !== null")
+        await browser.click(item)
+        header = await browser.wait_for("document.querySelector('.session-labels')?.innerText")
+        assert header.split() == ["task_id=fix-parser", "agent=claude-code", "experiment=grpo-7"]
+        for where in (f"{item} .id", "main h2"):
+            shown = await browser.evaluate(
+                f"(() => {{ const e = document.querySelector('{where}'); "
+                "return [e.innerText, e.scrollWidth <= e.clientWidth, getComputedStyle(e).textOverflow]; })()"
+            )
+            assert shown == [long_id, True, "clip"]  # whole, wrapped inside its box, no ellipsis
+        assert (await browser.evaluate(f"document.querySelector('{item} .id').getClientRects().length")) >= 1
+        await browser.screenshot(ARTIFACTS / "viewer-labels-long-id.png")
+        assert browser.errors == []

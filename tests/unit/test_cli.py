@@ -14,6 +14,7 @@ import pytest
 
 from modeltap.cli import _parser, main
 from modeltap.records.exchange import RolloutOutcome
+from modeltap.records.stores import remember_store
 from tests.factories import assistant, recorded, rollout
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -41,6 +42,8 @@ def test_the_commands_design_names_all_exist() -> None:
         "doctor",
         "demo",
         "completion",
+        "grep",
+        "stats",
     }
     assert expected <= set(commands())
 
@@ -151,6 +154,71 @@ async def test_readers_take_several_stores_by_flag_glob_or_environment(
     assert main(["export", "s-fail", "--format", "jsonl"]) == 0
     line = json.loads(capsys.readouterr().out.splitlines()[0])
     assert line["rollout"]["outcome"] == "failed" and line["rollout"]["reward"] is None
+
+
+async def test_grep_prints_a_line_per_hit_and_exits_as_grep_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, two = await _two_nodes(tmp_path)
+    assert main(["grep", "solve TASK", "-i", "--store", str(one), "--label", "task_id=fix-bug"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["s-fail #1 user: Solve task fix-bug.", "s-pass #1 user: Solve task fix-bug."]
+    assert main(["grep", "solve TASK", "--store", str(one)]) == 1  # case matters without -i
+    assert capsys.readouterr().out == ""
+    assert (
+        main(["grep", "^5$", "--store", str(one), "--store", str(two), "--outcome", "scored", "--json"]) == 0
+    )
+    found = json.loads(capsys.readouterr().out)
+    assert sorted((h["store"], h["session"], h["role"]) for h in found) == [
+        (str(one), "s-pass", "reply"),
+        (str(two), "s-pass", "reply"),
+    ]
+    assert main(["grep", "Solve", "--store", str(one), "--limit", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("s-chat #1 user:") and "--all for more" in captured.err
+    assert main(["grep", "(", "--store", str(one)]) == 2
+    assert "not a regular expression" in capsys.readouterr().err
+
+
+async def test_stats_groups_by_a_label_without_equals_and_filters_by_one_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, two = await _two_nodes(tmp_path)
+    stores = ["--store", str(one), "--store", str(two)]
+    assert main(["stats", *stores, "--label", "task_id"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in out] == [
+        ["TASK_ID", "SESSIONS", "EXCHANGES"],
+        ["fix-bug", "3", "3"],
+        ["other", "1", "1"],
+    ]
+    assert main(["stats", *stores, "--label", "task_id", "--label", "task_id=other", "--json"]) == 0
+    [other] = json.loads(capsys.readouterr().out)
+    assert (other["value"], other["finish_reasons"], other["prompt_tokens"]["p50"]) == (
+        "other",
+        {"stop": 1},
+        100,
+    )
+    assert main(["stats", *stores, "--label", "a", "--label", "b"]) == 2
+    assert "one label" in capsys.readouterr().err
+
+
+async def test_readers_given_no_store_read_the_one_serve_last_wrote_and_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, _ = await _two_nodes(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("MODELTAP_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sessions"]) == 2  # no serve has noted a store: the default, which is not here
+    assert "no records database at .modeltap/records.db" in capsys.readouterr().err
+    remember_store(one, os.environ)
+    assert main(["show", "s-fail"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"reading {one.resolve()} (the store the last modeltap serve wrote)\n"
+    assert captured.out.startswith("session s-fail")
+    assert main(["prune", "--before", "1970-01-02"]) == 2  # prune changes only a store it is given
+    assert "no records database" in capsys.readouterr().err
 
 
 async def test_prune_and_vacuum_report_what_they_freed(

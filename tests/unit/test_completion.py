@@ -26,7 +26,10 @@ def bash_complete(tmp_path: Path, *words: str, parser: argparse.ArgumentParser |
 
 
 def test_bash_completes_commands_flags_choices_and_positional_values(tmp_path: Path) -> None:
-    assert bash_complete(tmp_path, "s") == ["serve", "sessions", "show"]
+    assert bash_complete(tmp_path, "s") == ["serve", "sessions", "stats", "show"]
+    assert bash_complete(tmp_path, "gr") == ["groups", "grep"]
+    assert bash_complete(tmp_path, "grep", "x", "--ig") == ["--ignore-case"]
+    assert bash_complete(tmp_path, "stats", "--outcome", "sc") == ["scored"]
     assert bash_complete(tmp_path, "-v", "ex") == ["export"]  # a top-level flag before the command
     assert bash_complete(tmp_path, "show", "--fu") == ["--full"]
     assert bash_complete(tmp_path, "mock", "--st") == ["--strict", "--store"]

@@ -11,7 +11,15 @@ import pytest
 
 from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.query import SessionQuery
-from modeltap.records.stores import Stores, expand, patterns_from
+from modeltap.records.stores import (
+    Stores,
+    expand,
+    last_store,
+    last_store_file,
+    patterns_from,
+    reader_patterns,
+    remember_store,
+)
 from tests.factories import assistant, recorded, rollout
 
 
@@ -73,7 +81,11 @@ async def test_a_session_is_found_in_whichever_store_has_it(tmp_path: Path) -> N
                 stores.resolve(prefix)
         with pytest.raises(ValueError, match=r"names 4 sessions \(s-abc1 in .*give more of the id"):
             stores.resolve("s-")
-        with pytest.raises(ValueError, match="names 0 sessions"):
+        with pytest.raises(ValueError, match=r"no session 's-abd1' in .*; the closest: s-abc1$"):
+            stores.resolve("s-abd1")
+        with pytest.raises(
+            ValueError, match=r"no session 'nope' in .*; the newest: s-xyz, s-abc1, s-same \("
+        ):
             stores.resolve("nope")
     with Stores.open([str(two)]) as stores:
         assert not stores.several and stores.resolve("s-same")[1] == "s-same"
@@ -85,3 +97,36 @@ async def test_a_missing_store_is_an_error_unless_waited_for(tmp_path: Path) -> 
         Stores.open([str(one), str(tmp_path / "late.db")])
     with Stores.open([str(one), str(tmp_path / "late*.db")], missing_ok=True) as stores:
         assert [r.path for r in stores.readers] == [one] and stores.missing == [tmp_path / "late*.db"]
+
+
+def test_the_store_serve_last_wrote_is_found_when_nothing_else_names_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    assert last_store_file(env) == tmp_path / "state" / "modeltap" / "last-store"
+    home = {"HOME": str(tmp_path / "home")}
+    monkeypatch.setenv("HOME", home["HOME"])
+    assert last_store_file(home) == tmp_path / "home" / ".local" / "state" / "modeltap" / "last-store"
+    assert last_store(env) is None  # no serve yet
+    store = tmp_path / "run" / "records.db"
+    store.parent.mkdir()
+    monkeypatch.chdir(store.parent)
+    remember_store("records.db", env)  # serve's relative --store is noted absolute
+    assert last_store(env) is None  # the store is not there (yet, or any more)
+    store.write_bytes(b"")
+    assert last_store(env) == store
+    monkeypatch.chdir(tmp_path)  # a reader elsewhere, where the default is not
+    assert reader_patterns(None, env, ".modeltap/records.db") == ([str(store)], store)
+    assert reader_patterns(["x.db"], env, ".modeltap/records.db") == (["x.db"], None)  # a flag wins
+    assert reader_patterns(None, env | {"MODELTAP_STORE": "y.db"}, ".modeltap/records.db") == (["y.db"], None)
+    (tmp_path / ".modeltap").mkdir()
+    (tmp_path / ".modeltap" / "records.db").write_bytes(b"")
+    assert reader_patterns(None, env, ".modeltap/records.db") == ([".modeltap/records.db"], None)
+    last_store_file(env).write_text("not/absolute.db\n")
+    assert last_store(env) is None
+
+
+async def test_a_store_with_no_sessions_says_so(tmp_path: Path) -> None:
+    empty = await recorded(tmp_path / "r.db")
+    with Stores.open([str(empty)]) as stores, pytest.raises(ValueError, match="holds no sessions yet"):
+        stores.resolve("s-1")

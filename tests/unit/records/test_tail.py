@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from modeltap.records.store import RecordStore
 from modeltap.records.tail import follow
 from tests.factories import recorded
@@ -114,3 +116,32 @@ async def test_follow_numbers_turns_without_reading_the_whole_store(tmp_path: Pa
         await store.close()
         stop.set()
         thread.join(5)
+
+
+async def test_a_session_not_there_yet_is_said_to_be_waited_for_then_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = await recorded(tmp_path / "r.db", chat([SYSTEM, ASK], chat_reply("other"), session_id="s-other"))
+    store = RecordStore(path)
+    store.start()
+    out, stop = Lines(), threading.Event()
+    thread = threading.Thread(
+        target=follow,
+        args=(path,),
+        kwargs={"session": "s-late", "history": 5, "out": out, "poll_s": 0.05, "stop": stop},
+    )
+    thread.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert out.getvalue() == ""  # not s-other's exchanges
+        await store.submit(chat([SYSTEM, ASK], chat_reply("here"), session_id="s-late"), wait=True)
+        [line] = await asyncio.to_thread(out.wait_for, 1)
+        assert "s-late #1" in line and "'here'" in line
+    finally:
+        await store.close()
+        stop.set()
+        thread.join(5)
+    assert capsys.readouterr().err.splitlines() == [
+        f"modeltap tail: session s-late does not exist yet in {path}; waiting for it",
+        "modeltap tail: session s-late began; following it",
+    ]

@@ -7,7 +7,7 @@ from typing import Any
 
 from modeltap.records.exchange import Exchange
 from modeltap.records.store import StoreReader
-from modeltap.records.view import session_turns, tail_line, tool_results, turn_text, turns
+from modeltap.records.view import session_turns, tail_line, turn_text, turns
 from tests.factories import assistant, exchange, recorded, tool_call
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -129,24 +129,6 @@ async def test_session_text_lists_messages_calls_results_and_reply(tmp_path: Pat
     assert "POST /v1/chat/completions  model m  client OpenAI/Python 3.57.0" in full
 
 
-def test_tool_results_in_every_dialect() -> None:
-    anthropic = {
-        "role": "user",
-        "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "42"}]},
-            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "boom", "is_error": True},
-            {"type": "text", "text": "go on"},
-        ],
-    }
-    responses = {"type": "function_call_output", "call_id": "fc_1", "output": "42"}
-    assert tool_results([RESULT, anthropic, responses, ASK]) == [
-        {"id": "call_1", "content": "42\n", "is_error": False},
-        {"id": "toolu_1", "content": "42", "is_error": False},
-        {"id": "toolu_2", "content": "boom", "is_error": True},
-        {"id": "fc_1", "content": "42", "is_error": False},
-    ]
-
-
 async def test_anthropic_turns_show_blocks_and_a_changed_system_prompt(tmp_path: Path) -> None:
     def messages(history: list[dict[str, Any]], system: str) -> Exchange:
         body = {"model": "claude", "system": system, "messages": history}
@@ -178,3 +160,51 @@ async def test_anthropic_turns_show_blocks_and_a_changed_system_prompt(tmp_path:
     assert third["new_messages"] == [{"role": "system", "content": "be briefer"}]
     text = session_turns("s-a", rows)
     assert "+ assistant  → Bash({})" in text and "+ user       ⇐ toolu_1: a.txt" in text
+
+
+async def test_a_long_session_shows_a_tools_list_once_and_by_name(tmp_path: Path) -> None:
+    names = ["bash", "read", "edit", *(f"tool{n}" for n in range(9))]
+    tools = [{"type": "function", "function": {"name": name, "parameters": {}}} for name in names]
+
+    def turn(
+        messages: list[dict[str, Any]], offered: list[dict[str, Any]], reply: dict[str, Any]
+    ) -> Exchange:
+        return chat(messages, reply, request_json={"model": "m", "messages": messages, "tools": offered})
+
+    rows = await recorded_rows(
+        tmp_path / "r.db",
+        turn([SYSTEM, ASK], tools, chat_reply(calls=CALL["tool_calls"])),
+        turn([SYSTEM, ASK, CALL, RESULT], tools, chat_reply("42")),
+        turn([SYSTEM, ASK, CALL, RESULT], tools[:2], chat_reply("ok")),
+    )
+    text = session_turns("s-view", rows)
+    first, second, third = text.split("\n#")[1:]
+    assert "    tools: 12 offered (bash, read, edit, tool0, tool1," in first  # by name, not dumped
+    assert '"parameters"' not in text
+    assert "    tools: 12 offered (bash, read, edit, …), as in turn 1" in second
+    assert "    tools: 2 offered (bash, read)\n" in third  # changed: listed again
+    # One turn in full names its tools too.
+    assert "tools: 12 offered (bash, read, edit, tool0" in turn_text(turns(rows)[0], rows[0]["request"])
+
+
+async def test_a_system_prompt_seen_before_collapses_to_one_line(tmp_path: Path) -> None:
+    """Claude Code switches its system prompt (plan mode) and back: the second time, one line."""
+    long = "You are Claude Code. " * 434  # 9,114 characters
+    plan = "You are in plan mode."
+
+    def messages(system: str, turn: int) -> Exchange:
+        history = [ASK]
+        for n in range(1, turn):
+            history += [{"role": "assistant", "content": f"ok {n}"}, {"role": "user", "content": "go on"}]
+        body = {"model": "claude", "system": system, "messages": history}
+        said = [{"type": "text", "text": f"ok {turn}"}]
+        reply = {"type": "message", "content": said, "stop_reason": "end_turn"}
+        return exchange(body, reply, path="/v1/messages", endpoint="messages", session_id="s-a")
+
+    rows = await recorded_rows(tmp_path / "r.db", messages(long, 1), messages(plan, 2), messages(long, 3))
+    first, second, third = session_turns("s-a", rows).split("\n#")[1:]
+    assert "+ system     You are Claude Code. You are Claude Code." in first
+    assert "+ system     You are in plan mode." in second
+    assert "+ system     system prompt, 9.1k chars, as in turn 1" in third
+    assert "You are Claude Code" not in third
+    assert "You are Claude Code. You are" in turn_text(turns(rows)[2])  # a turn alone: in full

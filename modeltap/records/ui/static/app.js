@@ -167,8 +167,12 @@ function renderSession() {
   const errors = turns.filter((t) => t.error).length;
   const drift = turns.find((t) => t.token_drift)?.token_drift;
   const withIds = turns.some((t) => t.token_ids?.source);
+  const labels = Object.entries(state.details?.labels ?? turns[0]?.labels ?? {});
   main.replaceChildren(
     el("h2", { text: id.id }),
+    labels.length
+      ? el("div", { class: "session-labels" }, ...labels.map(([k, v]) => el("span", { class: "label", text: `${k}=${v}` })))
+      : null,
     el(
       "div",
       { class: "summary muted" },
