@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.configs import CHAT_PATH, Modeltap
+from benchmarks.configs import CHAT_PATH, REPO, Modeltap
 from benchmarks.harness import stand_in_upstream
 from benchmarks.processes import HOST, Service, free_port, start, wait_listening
 from benchmarks.stand_in import MODEL
@@ -84,7 +84,9 @@ def _serve(name: str, upstream: str, workdir: Path, budget: bool) -> tuple[Servi
     if not budget:
         argv = [a for i, a in enumerate(argv) if a not in BUDGET_FLAGS and argv[i - 1] not in BUDGET_FLAGS]
     began = time.perf_counter()
-    service = start(name, argv, folder)
+    # The console script imports modeltap from wherever the venv installed it (editable: one
+    # checkout); the checkout running the benchmark is the one to measure.
+    service = start(name, argv, folder, env={"PYTHONPATH": str(REPO)})
     wait_listening(service, port)
     return service, port, time.perf_counter() - began
 

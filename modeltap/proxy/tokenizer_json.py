@@ -39,6 +39,8 @@ _AFTER_VALUE = re.compile(_WS + rb"([,}])")
 _NO_BRACKETS = re.compile(rb"(?:[^\"\[\]{}]++|" + _STRING + rb")*+")
 _STRING_VALUE = re.compile(_STRING)
 _LITERAL = re.compile(rb"[^ \t\r\n,}\]]++")
+# Nothing but whitespace before a section's closing bracket: an empty vocab or merges.
+_EMPTY_REST = re.compile(_WS + rb"[}\]]")
 
 _VOCAB_ENTRY = _WS + _STRING + _WS + rb":" + _WS + rb"\d++" + _WS
 _MERGE_ENTRY = (
@@ -123,8 +125,8 @@ class TokenizerJson:
             raise ValueError(f"the model has no {name} of the shape a BPE model has")
         pos, end = self._spans[name]
         pos += 1  # past the opening bracket
-        if not self._data[pos : end - 1].strip():
-            return  # an empty object or list
+        if _EMPTY_REST.match(self._data, pos, end) is not None:
+            return  # an empty object or list (matched in place: the section is megabytes)
         while pos < end:
             match = chunk.match(self._data, pos, end)
             if match is None:  # the section was validated whole when the file was indexed

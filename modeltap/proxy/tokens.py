@@ -301,7 +301,11 @@ class TokenCounter:
         kept = windows.rewritten
         rewritable = (*base.rewritable, *(known + i for i, m in enumerate(new) if shape(m) in kept))
         extended = Conversation(
-            messages=messages,
+            # The cached objects, not this request's equal ones: dropping `base` then frees nothing
+            # but a list, where holding this request's would free every earlier message of the last
+            # request here, in the count (a cost growing with the history); this request's copies go
+            # with its body, as they would without a budget.
+            messages=[*base.messages, *messages[known:]],
             tools=tools,
             kwargs=kwargs,
             counted=base.counted + before,

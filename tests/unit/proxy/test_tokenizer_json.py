@@ -97,9 +97,10 @@ def test_a_vocabulary_that_is_not_an_object_of_ids_is_parsed_whole_and_not_strea
             next(document.vocab())
 
 
-def test_empty_vocabulary_and_merges_stream_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inside", ["", " ", "\n  \t\r\n"])
+def test_empty_vocabulary_and_merges_stream_nothing(tmp_path: Path, inside: str) -> None:
     path = tmp_path / "tokenizer.json"
-    path.write_text(json.dumps({"model": {"type": "BPE", "vocab": {}, "merges": []}}, indent=2))
+    path.write_text(f'{{"model": {{"type": "BPE", "vocab": {{{inside}}}, "merges": [{inside}]}}}}')
     with TokenizerJson.read(path) as document:
         assert streamed(document) == ({}, [])
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -877,6 +878,37 @@ def test_a_repeated_request_is_answered_from_its_conversation(
     _turns(counter, qwen, conversation, range(1))
     assert _exact(counter, qwen, conversation) == _exact(counter, qwen, conversation)
     assert counter.stats.extended == 3
+
+
+class _Message(dict[str, Any]):
+    """A message a test can hold a weak reference to."""
+
+
+def test_an_extension_keeps_the_earlier_messages_it_holds(
+    qwen: PreTrainedTokenizerBase, qwen_dir: str
+) -> None:
+    """Each request is freshly parsed: the counter keeps the first copy of the history it saw, so a
+    turn's count never frees the last request's copy of every earlier message."""
+    counter, conversation = _start(qwen_dir, qwen)
+    _turns(counter, qwen, conversation, range(2))
+
+    def parsed() -> dict[str, Any]:
+        body = json.loads(json.dumps(conversation.body()))
+        body["messages"] = [_Message(m) for m in body["messages"]]
+        return body
+
+    known = len(conversation.sent)
+    _agent_turn(conversation, 2)
+    first = parsed()
+    counter.count(dialects.named("chat"), first)
+    _agent_turn(conversation, 3)
+    second = parsed()
+    held = [weakref.ref(m) for m in first["messages"][known:]]
+    copies = [weakref.ref(m) for m in second["messages"][: len(first["messages"])]]
+    assert counter.count(dialects.named("chat"), second) == _exact(counter, qwen, conversation)
+    del first, second
+    assert all(ref() is not None for ref in held), "the history the counter held stays"
+    assert all(ref() is None for ref in copies), "the later copies go with their request"
 
 
 @st.composite
