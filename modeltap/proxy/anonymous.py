@@ -55,8 +55,17 @@ class AnonymousConversations:
         if len(self._by_start) > CONVERSATIONS_MAX:
             self._by_start.popitem(last=False)
         last = _digest(history[-1])
+        # Digests by position, each made once: a GRPO group's tails mostly end at the same position,
+        # and a digest (a sorted JSON dump and a hash) is this rule's whole cost per request.
+        digests = {len(history) - 1: last}
         for tail in sorted(tails, key=lambda t: -t.length):
-            if tail.length <= len(history) and _digest(history[tail.length - 1]) == tail.last:
+            if tail.length > len(history):
+                continue
+            at = tail.length - 1
+            digest = digests.get(at)
+            if digest is None:
+                digest = digests[at] = _digest(history[at])
+            if digest == tail.last:
                 tail.length, tail.last = len(history), last
                 return tail.session
         session = f"{self._prefix}-{secrets.token_hex(6)}"
