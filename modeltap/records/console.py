@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, TextIO
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 QUEUE_LINES = 10_000
 # Sessions whose turn count is kept; an older session's next turn is numbered from 1 again.
 SESSIONS_NUMBERED = 10_000
+# After writing, the thread sleeps this long before it looks for more lines: a thread asleep is not
+# woken by each exchange's put (a futex wake and a switch of the GIL, paid by the relay's loop), and
+# lines then appear at most this late, which a reader of the terminal cannot tell.
+LINGER_S = 0.05
 
 
 class ConsoleLog:
@@ -86,6 +91,8 @@ class ConsoleLog:
                 self._out.flush()
             except Exception:  # boundary: lines that cannot be written must not stop the next ones
                 log.exception("modeltap: could not print the lines of %d exchanges", len(exchanges))
+            if not stop:
+                time.sleep(LINGER_S)
 
     def _line_or_nothing(self, exchange: Exchange) -> str:
         try:
