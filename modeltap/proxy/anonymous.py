@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from modeltap.dialects.base import Dialect
 CONVERSATIONS_MAX = 4096
 # Conversations kept per way of starting (a GRPO group's samples all start alike).
 TAILS_PER_START = 64
+# A tail's length, as a sort key made in C: a request sorts every tail kept under its start.
+_LENGTH = operator.attrgetter("length")
 
 
 @dataclass(slots=True)
@@ -58,7 +61,7 @@ class AnonymousConversations:
         # Digests by position, each made once: a GRPO group's tails mostly end at the same position,
         # and a digest (a sorted JSON dump and a hash) is this rule's whole cost per request.
         digests = {len(history) - 1: last}
-        for tail in sorted(tails, key=lambda t: -t.length):
+        for tail in sorted(tails, key=_LENGTH, reverse=True):  # stable: ties keep their order
             if tail.length > len(history):
                 continue
             at = tail.length - 1
