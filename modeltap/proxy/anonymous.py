@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
-import secrets
+import random
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,6 @@ from modeltap.dialects.base import Dialect
 CONVERSATIONS_MAX = 4096
 # Conversations kept per way of starting (a GRPO group's samples all start alike).
 TAILS_PER_START = 64
-# A tail's length, as a sort key made in C: a request sorts every tail kept under its start.
-_LENGTH = operator.attrgetter("length")
 
 
 @dataclass(slots=True)
@@ -61,17 +58,23 @@ class AnonymousConversations:
         # Digests by position, each made once: a GRPO group's tails mostly end at the same position,
         # and a digest (a sorted JSON dump and a hash) is this rule's whole cost per request.
         digests = {len(history) - 1: last}
-        for tail in sorted(tails, key=_LENGTH, reverse=True):  # stable: ties keep their order
-            if tail.length > len(history):
+        # The longest tail this history continues, the first kept of equals: one pass, no sort.
+        best: _Tail | None = None
+        for tail in tails:
+            if tail.length > len(history) or (best is not None and tail.length <= best.length):
                 continue
             at = tail.length - 1
             digest = digests.get(at)
             if digest is None:
                 digest = digests[at] = _digest(history[at])
             if digest == tail.last:
-                tail.length, tail.last = len(history), last
-                return tail.session
-        session = f"{self._prefix}-{secrets.token_hex(6)}"
+                best = tail
+        if best is not None:
+            best.length, best.last = len(history), last
+            return best.session
+        # A name, not a credential: `random`'s generator (reseeded after fork) spares a getrandom
+        # system call per new conversation.
+        session = f"{self._prefix}-{random.getrandbits(48):012x}"
         tails.append(_Tail(session, len(history), last))
         del tails[:-TAILS_PER_START]
         return session
