@@ -1,9 +1,10 @@
 """Overhead side by side: what each proxy adds to one chat completion, and what it sustains.
 
-Owns: the overhead run of ``make bench``: every configuration of configs.py, and modeltap with
-recording on and no budget (``modeltap-record``), in front of the stand-in upstream; added p50/p99 latency at concurrency 1 and 8, non-streamed and streamed (time to
-first byte and total); throughput at concurrency 8 and 64; peak RSS; the table of ratios against direct
-and against each peer, and the goals, written to ``benchmarks/results/overhead.{md,json}``.
+Owns: the overhead run of ``make bench``: every configuration of configs.py, and modeltap with recording on
+and no budget (``modeltap-record``), in front of the stand-in upstream; added p50/p99 latency at concurrency
+1 and 8, non-streamed and streamed (time to first byte and total); throughput at concurrency 8 and 64; peak
+RSS; the table of ratios against direct and against each peer, and the goals, written to
+``benchmarks/results/overhead.{md,json}``.
 Not: the scale curves (bench_scale.py) or where modeltap spends its time (bench_profile.py).
 
     .venv-bench/bin/python -m benchmarks.bench_overhead [--only direct,floor,modeltap-record] [--quick]
