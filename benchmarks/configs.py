@@ -158,6 +158,16 @@ class Modeltap(Configuration):
         return f"{exchanges} exchanges, {_mib(store, store.with_name('records.db-wal'))}"
 
 
+class ModeltapRecording(Modeltap):
+    name, description = "modeltap-record", "modeltap serve, recording on, no budget"
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        """``modeltap serve`` with recording on and no tokenizer: the relay's own cost, counting aside."""
+        argv = super().argv(upstream, port, workdir)
+        at = argv.index("--tokenizer")
+        return argv[:at] + argv[at + 4 :]  # less --tokenizer DIR --context-length N
+
+
 class ModeltapTokenIds(Modeltap):
     name, description = "modeltap-ids", "the same, with --token-ids --engine vllm (asks for and records ids)"
 

@@ -39,9 +39,12 @@ class Running:
 Measure = Callable[[list[Running]], Awaitable[None]]
 
 
-def select(only: str | None) -> list[Configuration]:
-    """The configurations named in ``only`` (comma-separated), or all of them."""
+def select(only: str | None, also: Sequence[Configuration] = ()) -> list[Configuration]:
+    """The configurations named in ``only`` (comma-separated), or all of them; ``also`` adds the
+    benchmark's own (placed after modeltap)."""
     configs = all_configurations()
+    at = next((i + 1 for i, c in enumerate(configs) if c.name == "modeltap"), len(configs))
+    configs[at:at] = also
     if only is None:
         return configs
     names = only.split(",")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
+import random
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +55,26 @@ class AnonymousConversations:
         if len(self._by_start) > CONVERSATIONS_MAX:
             self._by_start.popitem(last=False)
         last = _digest(history[-1])
-        for tail in sorted(tails, key=lambda t: -t.length):
-            if tail.length <= len(history) and _digest(history[tail.length - 1]) == tail.last:
-                tail.length, tail.last = len(history), last
-                return tail.session
-        session = f"{self._prefix}-{secrets.token_hex(6)}"
+        # Digests by position, each made once: a GRPO group's tails mostly end at the same position,
+        # and a digest (a sorted JSON dump and a hash) is this rule's whole cost per request.
+        digests = {len(history) - 1: last}
+        # The longest tail this history continues, the first kept of equals: one pass, no sort.
+        best: _Tail | None = None
+        for tail in tails:
+            if tail.length > len(history) or (best is not None and tail.length <= best.length):
+                continue
+            at = tail.length - 1
+            digest = digests.get(at)
+            if digest is None:
+                digest = digests[at] = _digest(history[at])
+            if digest == tail.last:
+                best = tail
+        if best is not None:
+            best.length, best.last = len(history), last
+            return best.session
+        # A name, not a credential: `random`'s generator (reseeded after fork) spares a getrandom
+        # system call per new conversation.
+        session = f"{self._prefix}-{random.getrandbits(48):012x}"
         tails.append(_Tail(session, len(history), last))
         del tails[:-TAILS_PER_START]
         return session

@@ -2,7 +2,8 @@
 
 Owns: the bounded cache of counted conversations (a request's messages, tools and template kwargs,
 and where the rendered prompt's count stands), finding the longest cached one a request extends,
-and eviction by age (least recently counted first) under a character budget. Does not own what is
+and eviction by age (least recently counted first) under a character budget and a bound per
+opening (SIBLINGS_MAX). Does not own what is
 counted or how (tokens.py, append_stability.py, segments.py).
 
     cache = ConversationCache(max_chars=8_000_000)
@@ -23,6 +24,11 @@ from typing import Any
 # The characters of content a lookup key takes from each head message: enough to tell two agents'
 # system prompts and tasks apart without hashing a long one whole on every request.
 KEY_CHARS = 256
+# Conversations kept per opening: a GRPO group's samples all open alike, and a request compares itself
+# with each one kept under its opening. Past this, the one stored longest ago is dropped (its next turn
+# is counted in full, exactly), so a lookup costs at most this many comparisons however many
+# conversations have opened alike (10k requests of one task otherwise cost milliseconds each).
+SIBLINGS_MAX = 64
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -81,7 +87,9 @@ class ConversationCache:
             length = len(candidate.messages)
             if best is not None and length <= len(best.messages):
                 continue
-            if length > len(messages) or candidate.kwargs != kwargs or candidate.tools != tools:
+            if length > len(messages) or (length and messages[length - 1] != candidate.messages[-1]):
+                continue  # the last message first: where siblings differ, and cheaper than the tools
+            if candidate.kwargs != kwargs or candidate.tools != tools:
                 continue
             # Equal objects compare by identity first, and equal strings by memcmp: cheap at 100k tokens.
             if list(messages[:length]) == list(candidate.messages):
@@ -101,9 +109,12 @@ class ConversationCache:
         with self._lock:
             if replacing is not None:
                 self._drop(replacing)
-            self._by_key.setdefault(key, []).append(conversation)
+            siblings = self._by_key.setdefault(key, [])
+            siblings.append(conversation)
             self._by_age[conversation] = key
             self._chars += conversation.chars
+            if len(siblings) > SIBLINGS_MAX:
+                self._drop(siblings[0])
             while self._chars > self._max_chars:
                 self._drop(next(iter(self._by_age)))
 

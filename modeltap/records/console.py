@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, TextIO
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 QUEUE_LINES = 10_000
 # Sessions whose turn count is kept; an older session's next turn is numbered from 1 again.
 SESSIONS_NUMBERED = 10_000
+# After writing, the thread sleeps this long before it looks for more lines: a thread asleep is not
+# woken by each exchange's put (a futex wake and a switch of the GIL, paid by the relay's loop), and
+# lines then appear at most this late, which a reader of the terminal cannot tell.
+LINGER_S = 0.05
 
 
 class ConsoleLog:
@@ -37,17 +42,23 @@ class ConsoleLog:
     def __init__(self, out: TextIO, *, verbose: bool = False) -> None:
         self._out = out
         self._verbose = verbose
-        self._queue: queue.Queue[Exchange | None] = queue.Queue(QUEUE_LINES)
+        # A SimpleQueue, bounded by counting: a put is one C call, where queue.Queue takes a lock and
+        # notifies a Condition in Python on every exchange. The loop counts what it queued, the
+        # thread what it took; each count has one writer.
+        self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
+        self._queued = 0
+        self._taken = 0
         self._turns: OrderedDict[str, int] = OrderedDict()
         self.dropped = 0
         self._thread = threading.Thread(target=self._write_lines, name="modeltap-console", daemon=True)
         self._thread.start()
 
     def on_exchange(self, exchange: Exchange) -> None:
-        try:
-            self._queue.put_nowait(exchange)
-        except queue.Full:
+        if self._queued - self._taken >= QUEUE_LINES:
             self.dropped += 1
+            return
+        self._queued += 1
+        self._queue.put(exchange)
 
     def close(self) -> None:
         """Write what is queued, then stop the thread."""
@@ -59,12 +70,36 @@ class ConsoleLog:
             )
 
     def _write_lines(self) -> None:
-        while (exchange := self._queue.get()) is not None:
+        stop = False
+        while not stop:
+            batch = [self._queue.get()]
+            # What queued meanwhile goes out in the same write and flush: under load, one system call
+            # for many lines instead of two for each.
+            while batch[-1] is not None:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = batch[-1] is None
+            exchanges = [exchange for exchange in batch if exchange is not None]
+            self._taken += len(exchanges)
+            text = "".join(self._line_or_nothing(exchange) for exchange in exchanges)
+            if not text:
+                continue
             try:
-                self._out.write(self.line(exchange) + "\n")
+                self._out.write(text)
                 self._out.flush()
-            except Exception:  # boundary: a line that cannot be written must not stop the next ones
-                log.exception("modeltap: could not print the line of exchange %s", exchange.id)
+            except Exception:  # boundary: lines that cannot be written must not stop the next ones
+                log.exception("modeltap: could not print the lines of %d exchanges", len(exchanges))
+            if not stop:
+                time.sleep(LINGER_S)
+
+    def _line_or_nothing(self, exchange: Exchange) -> str:
+        try:
+            return self.line(exchange) + "\n"
+        except Exception:  # boundary: a line that cannot be made must not stop the next ones
+            log.exception("modeltap: could not print the line of exchange %s", exchange.id)
+            return ""
 
     def line(self, exchange: Exchange) -> str:
         """The exchange's line; with `verbose`, its request line and client on a second one."""

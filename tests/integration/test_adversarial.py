@@ -148,10 +148,10 @@ async def test_a_gzip_bomb_stops_at_the_limit_and_others_are_served_meanwhile(
 async def test_an_unauthenticated_compressed_body_is_refused_before_it_is_inflated(
     areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from modeltap.proxy import relay
+    from modeltap.proxy import request_body
 
     inflated: list[int] = []
-    monkeypatch.setattr(relay, "inflate", lambda *args: inflated.append(1) or b"{}")
+    monkeypatch.setattr(request_body, "inflate", lambda *args: inflated.append(1) or b"{}")
     async with make_proxy(upstream=areal.url, host="0.0.0.0") as proxy:
         status, body = await post(
             proxy.host_base_url + "/v1/chat/completions",

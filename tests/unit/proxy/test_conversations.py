@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeltap.proxy.conversations import Conversation, ConversationCache
+from modeltap.proxy.conversations import SIBLINGS_MAX, Conversation, ConversationCache
 
 SYSTEM = {"role": "system", "content": "You are an agent."}
 TASK = {"role": "user", "content": "Fix the bug."}
@@ -82,3 +82,13 @@ def test_a_conversation_larger_than_the_budget_is_not_kept() -> None:
     cache.store(counted([SYSTEM, TASK], chars=50))
     cache.clear()
     assert (len(cache), cache.chars) == (0, 0)
+
+
+def test_at_most_siblings_max_conversations_are_kept_per_opening() -> None:
+    cache = ConversationCache(max_chars=10**9)
+    siblings = [counted([SYSTEM, TASK, *turn(n)]) for n in range(SIBLINGS_MAX + 1)]
+    for conversation in siblings:
+        cache.store(conversation)
+    assert len(cache) == SIBLINGS_MAX
+    assert cache.find([SYSTEM, TASK, *turn(0), *turn(99)], None, {}) is None, "the one stored first left"
+    assert cache.find([SYSTEM, TASK, *turn(1), *turn(99)], None, {}) is siblings[1]
