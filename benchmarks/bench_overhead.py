@@ -128,7 +128,7 @@ def _check(goal: str, value: float | None, limit: float | None, at_most: bool) -
     return {"goal": goal, "modeltap": value, "limit": limit, "met": met}
 
 
-# The relay's own cost against the floor's (issue 16 §5), judged for modeltap with and without the
+# The relay's own cost against the floor's (the goals set for it), judged for modeltap with and without the
 # budget: added p50 at most this multiple of the floor's, and throughput at least this share of it.
 FLOOR_ADDED_P50 = {"c1": 1.3, "c8": 2.0}
 FLOOR_THROUGHPUT = {"c64": 0.6, "c64_stream": 0.75}
@@ -311,7 +311,7 @@ def _peer_ratio_section(results: dict[str, Any], ok: list[dict[str, Any]]) -> li
 
 
 def _goals_and_notes(results: dict[str, Any], ok: list[dict[str, Any]]) -> list[str]:
-    out = ["", "## Goals (issue 7 §2; against the floor, issue 16 §5)", ""]
+    out = ["", "## Goals (against the peers, and against the floor)", ""]
     out += table(
         ["goal", "modeltap", "limit", "met"],
         [[g["goal"], fmt(g["modeltap"]), fmt(g["limit"]), MET[g["met"]]] for g in results["goals"]],

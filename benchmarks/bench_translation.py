@@ -36,7 +36,7 @@ QUICK_DIVISOR = 10
 ROUNDS = 3
 # Per scenario and round: a cap on time, so a broken configuration still stops.
 TIME_CAP_S = 20.0
-# The goals of issue 18: translation adds under 0.3 ms at c=1, and never buffers a stream.
+# The goals set for translation: it adds under 0.3 ms at c=1, and never buffers a stream.
 ADDED_GOAL_MS = 0.3
 PROMPT_WORDS = 200
 MESSAGES_STREAM_END = b"event: message_stop"

@@ -83,9 +83,9 @@ async def test_the_writer_rewrites_a_blob_a_prune_removed(tmp_path: Path) -> Non
     path = tmp_path / "r.db"
     store = RecordStore(path)
     store.start()
-    for record in rollout("s-1", "t1", [assistant("a"), assistant("b")], started=1000.0):
-        await _write(store, record)
-    await asyncio.sleep(0)
+    records = rollout("s-1", "t1", [assistant("a"), assistant("b")], started=1000.0)
+    for record in records:
+        await _write(store, record, wait=record is records[-1])  # committed before the prune looks
     freed = await asyncio.to_thread(prune, path, keep_last=0)  # another connection, as `modeltap prune`
     assert freed.sessions == 1 and blobs(path) == set()
     # The same task's prompt again, and a turn of a session the prune removed mid-run.
