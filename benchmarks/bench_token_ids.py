@@ -37,7 +37,8 @@ from benchmarks.harness import RESULTS, Running, log, run_configs, with_proxy_cp
 from benchmarks.load import Run, run_load
 from benchmarks.report import fmt, preamble, table
 from modeltap.records.exchange import Exchange
-from modeltap.records.store import RecordStore, StoreReader
+from modeltap.records.reader import StoreReader
+from modeltap.records.store import RecordStore
 
 TIME_CAP_S = 30.0
 QUICK_DIVISOR = 10

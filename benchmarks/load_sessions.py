@@ -32,7 +32,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector
 from benchmarks.load import REQUEST_TIMEOUT_S, STREAM_END, percentile_ms
 from benchmarks.processes import HOST, Service, free_port, start, wait_listening
 from benchmarks.stand_in import CONTENT_MARKER, MODEL
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 
 REPO = Path(__file__).resolve().parents[1]
 # `modeltap serve` from the venv running this script, so the code under test is the checkout's.

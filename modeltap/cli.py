@@ -39,10 +39,10 @@ from modeltap.records.listing import groups_table, sessions_table
 from modeltap.records.mock import load_mock, mock_app
 from modeltap.records.prune import needs_full_vacuum, prune, vacuum
 from modeltap.records.query import DEFAULT_GROUP_LABEL, DEFAULT_LIMIT, SessionQuery, parse_label, parse_when
+from modeltap.records.reader import StoreReader
 from modeltap.records.replay import comparison_text, replay
 from modeltap.records.search import compile_pattern, hit_line, search
 from modeltap.records.stats import stats, stats_table
-from modeltap.records.store import StoreReader
 from modeltap.records.stores import Stores, expand, patterns_from, reader_patterns, remember_store
 from modeltap.records.tail import follow
 from modeltap.records.terminal import colour_wanted, emit

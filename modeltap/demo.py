@@ -25,7 +25,7 @@ from aiohttp import web
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.view import session_turns
 
 DEMO_MODEL = "demo-model"

@@ -6,7 +6,7 @@ turn where it is not, and that turn shown side by side (new messages, tool calls
 unified diff of its text and a structural diff of its tool calls. The ids that servers and clients
 mint (`id` and `*_id` keys: tool call ids, message ids) differ in every run, so each session's are
 renamed in order of appearance before comparing: two runs that differ only in those are the same.
-Does not own: turns (view.py), reading (store.py), the rollout lines of the header (listing.py).
+Does not own: turns (view.py), reading (reader.py), the rollout lines of the header (listing.py).
 
     with Stores.open(["records.db"]) as stores:
         result = compare(side(stores, "s-3f2a"), side(stores, "s-9c1e"))

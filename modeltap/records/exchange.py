@@ -5,7 +5,8 @@ Owns: the fields of a finished exchange and of a session event, and sealing: the
 `ExchangeDraft` as the exchange proceeds and seals it once it has ended (answered, failed, refused or
 cut off); the sealed `Exchange` raises on any assignment. An exchange holds no secrets by
 construction: the relay copies only the user agent and the SDK retry count from the headers, and the
-path has its session token masked. Does not own: how it is stored (store.py) or read (the dialects).
+path has its session token masked. Does not own: how it is stored (store.py) or read
+(reader.py, the dialects).
 
     draft = ExchangeDraft(method="POST", path="/v1/chat/completions")
     draft.status = 200

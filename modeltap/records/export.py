@@ -5,7 +5,7 @@ Owns: `modeltap export` (`har`, `jsonl`, `messages`, `tokens`: token_export.py w
 `otlp`, which sends through otlp.py), and the rule that picks a session's final conversation, which
 `messages` and `tokens` share. Streamed responses go into the HAR as their events (streams.py), where
 mitmproxy's HAR keeps no body at all for a streamed response (docs/peers.md §8.2). Does not own:
-reading the store (store.py), a format's conversion to chat (its dialect), synthesising streams
+reading the store (reader.py), a format's conversion to chat (its dialect), synthesising streams
 (streams.py), turn views (view.py) or spans (genai.py, otlp.py).
 
     with StoreReader(path) as reader:
@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlsplit
 
 from modeltap import __version__, dialects
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.streams import stream_events
 from modeltap.records.token_export import token_lines
 from modeltap.records.view import pretty

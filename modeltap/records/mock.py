@@ -35,8 +35,8 @@ from aiohttp import hdrs, web
 
 from modeltap import dialects
 from modeltap.dialects.base import ApiError, route_suffix
+from modeltap.records.reader import StoreReader
 from modeltap.records.replay import without_session
-from modeltap.records.store import StoreReader
 from modeltap.records.streams import stream_events
 
 # Request fields that say how to deliver an answer or who asks, not what is asked: a mock matches

@@ -4,7 +4,7 @@ space back to the file system (`modeltap vacuum`), safely while `serve` writes t
 Owns: choosing what to delete (the sessions last active before a time, or all but the newest N, either
 among those with given labels), deleting them a few per transaction (their exchanges, label rows and
 share of the group totals, their token ids, and the blobs and token nodes that no other session
-references), reporting what that freed, and vacuuming. Does not own: the schema (store.py, rollups.py)
+references), reporting what that freed, and vacuuming. Does not own: the schema (schema.py, rollups.py)
 or the filters (query.py).
 
 Beside a running `serve`: each transaction is short, so the writer waits for the lock (its busy
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from modeltap.records import rollups, token_store
 from modeltap.records.query import SessionQuery
-from modeltap.records.store import StoreReader, connect, migrate, wal_path
+from modeltap.records.reader import StoreReader
+from modeltap.records.schema import connect, migrate, wal_path
 
 if TYPE_CHECKING:
     from sqlite3 import Connection

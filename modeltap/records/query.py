@@ -5,7 +5,7 @@ Owns: `SessionQuery` (labels, outcome, errors only, a time range, a search, the 
 "changed since revision N" for the viewer's live update) and its SQL, each shape of which an index
 answers in the order asked for, so a listing costs what it prints rather than what is stored; the
 groups' SQL and their means; parsing what people type (`task_id=t1`, `2h`, `2025-06-01T12:00`);
-merging the answers of several stores into one. No I/O: StoreReader (store.py) runs the SQL.
+merging the answers of several stores into one. No I/O: StoreReader (reader.py) runs the SQL.
 
     query = SessionQuery(labels=(("task_id", "t1"),), outcome="failed", limit=50)
     reader.sessions(query)          # newest first

@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import hdrs
 
 from modeltap import dialects
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.view import turn_record
 
 # A replayed turn may be a long generation; the proxy in between has its own timeouts.

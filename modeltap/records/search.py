@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from modeltap.records.messages import call_text, describe_message
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.view import turns
 
 # Characters of context a hit's line shows on each side of the match: a terminal line holds a

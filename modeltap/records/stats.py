@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.text import columns
 
 PERCENTILES = (50, 90, 99)

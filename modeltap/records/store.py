@@ -1,7 +1,9 @@
-"""The record store: SQLite in WAL mode, one writer thread, read-only readers.
+"""The record store's writer: one thread writing SQLite in WAL mode, fed through a bounded queue.
 
-Owns: the schema and its migrations (`PRAGMA user_version`), the writer thread and its bounded queue,
-content-addressed compressed bodies, and the reader API. `sqlite3` is imported here and nowhere else.
+Owns: the writer thread and its bounded queue, content-addressed compressed bodies, and the minimal
+record of an exchange whose full record could not be written. Does not own: the schema and its
+migrations (schema.py), reading (reader.py), the running totals (rollups.py), token ids
+(token_store.py).
 
 The store is the proxy's first observer (modeltap.proxy.observers): `on_exchange` queues an exchange
 at once and returns, when the queue is over its size, an awaitable that waits for room (back-pressure,
@@ -21,7 +23,6 @@ the writer runs after each exchange.
     store.start()
     await store.submit(exchange)          # on the event loop: waits only for room
     await store.close()
-    StoreReader(".modeltap/records.db").sessions()
 """
 
 from __future__ import annotations
@@ -37,18 +38,18 @@ import sqlite3
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from modeltap import __version__, dialects
+from modeltap import dialects
 from modeltap.dialects.token_ids import without_ids
-from modeltap.records import query, references, rollups, token_store
+from modeltap.records import rollups, token_store
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, Exchange, SessionEvent
 from modeltap.records.jsontext import dumps as _dumps
 from modeltap.records.jsontext import safe_text as _safe_text
-from modeltap.records.query import SESSION_COLUMNS, SessionQuery
 from modeltap.records.references import NO_SESSION
+from modeltap.records.schema import connect, migrate, wal_path
 
 log = logging.getLogger(__name__)
 
@@ -62,137 +63,14 @@ BATCH_MAX = 256
 KNOWN_BLOBS_MAX = 65536
 # Sessions whose latest message list the writer remembers, to store the next turn as an extension.
 LAST_LISTS_MAX = 4096
-# Blobs a reader keeps in memory, undecoded: turn k of a session repeats the messages of the turns
-# before it, so `show` reads each once instead of once per later turn (a 30-turn session: ~60 blobs
-# of ~1 kB, not ~1,400 lookups).
-READER_BLOBS_MAX = 4096
 # How long close() waits for the writer to drain before saying so.
 CLOSE_TIMEOUT_S = 30.0
 # The error class of an exchange whose full record could not be written (its minimal record says why).
 RECORD_ERROR = "record_error"
 
 
-def _rollups_and_references(conn: sqlite3.Connection) -> None:
-    rollups.upgrade(conn)
-    references.upgrade(conn)
-
-
-Migration = str | Callable[[sqlite3.Connection], None]
-MIGRATIONS: tuple[Migration, ...] = (
-    # 1: sessions, exchanges, content-addressed blobs
-    """
-    CREATE TABLE sessions (
-        id TEXT PRIMARY KEY,
-        created REAL NOT NULL,
-        labels TEXT NOT NULL DEFAULT '{}',
-        upstream TEXT,
-        closed REAL
-    );
-    CREATE TABLE exchanges (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        id TEXT NOT NULL UNIQUE,
-        session_id TEXT,
-        labels TEXT NOT NULL DEFAULT '{}',
-        method TEXT NOT NULL,
-        endpoint TEXT,
-        path TEXT NOT NULL,
-        upstream_url TEXT,
-        status INTEGER,
-        streamed INTEGER NOT NULL DEFAULT 0,
-        stream_complete INTEGER,
-        started REAL NOT NULL,
-        first_byte REAL,
-        ended REAL,
-        model TEXT,
-        request BLOB,
-        sent BLOB,
-        response BLOB,
-        raw_sse BLOB,
-        finish_reason TEXT,
-        prompt_tokens INTEGER,
-        completion_tokens INTEGER,
-        tool_calls INTEGER,
-        counted_prompt_tokens INTEGER,
-        budget TEXT,
-        error_class TEXT,
-        error_message TEXT,
-        user_agent TEXT,
-        retry_count INTEGER,
-        client_disconnected INTEGER NOT NULL DEFAULT 0
-    );
-    CREATE INDEX exchanges_session ON exchanges (session_id, seq);
-    CREATE TABLE blobs (hash TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
-    """,
-    # 2: translation: the format an exchange went upstream as, the upstream's own answer, and whether
-    # the client's stream was made from a JSON answer
-    """
-    ALTER TABLE exchanges ADD COLUMN translated TEXT;
-    ALTER TABLE exchanges ADD COLUMN received BLOB;
-    ALTER TABLE exchanges ADD COLUMN synthesised INTEGER NOT NULL DEFAULT 0;
-    """,
-    # 3: running aggregates in the session rows and label groups, rollout outcomes, and which
-    # sessions reference which blobs (so a prune deletes only blobs no other session holds)
-    _rollups_and_references,
-    # 4: token ids and token-history breaks (`serve --token-ids`)
-    token_store.MIGRATION,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
 class StoreClosed(RuntimeError):
     """Raised by `submit` after `close`."""
-
-
-def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
-    """A connection with modeltap's settings; read-only connections cannot write by accident."""
-    if readonly:
-        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, check_same_thread=False)
-        conn.execute("PRAGMA query_only = ON")
-    else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        # Pages a prune frees go back to the file system, a little at a time, with `modeltap vacuum`
-        # while `serve` writes (a full VACUUM would hold the write lock for its whole run). It takes
-        # effect in a database that has no table yet, or at its next full VACUUM (docs/sqlite.md §4).
-        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        conn.execute("PRAGMA journal_mode = WAL")
-        # WAL + NORMAL survives a crash of the process (not of the OS) without losing commits.
-        conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA busy_timeout = 5000")
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
-def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the pending migrations, each in its own transaction; return the schema version."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"records database has schema version {version}, newer than this modeltap ({SCHEMA_VERSION}): "
-            "upgrade modeltap to read it"
-        )
-    for step in range(version, SCHEMA_VERSION):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            migration = MIGRATIONS[step]
-            if callable(migration):
-                migration(conn)
-            else:
-                for statement in _statements(migration):
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {step + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    return SCHEMA_VERSION
-
-
-def _statements(script: str) -> Iterator[str]:
-    # executescript() would commit the open transaction first; split so a step stays atomic.
-    for statement in script.split(";"):
-        if statement.strip():
-            yield statement
 
 
 _EXCHANGE_COLUMNS = (
@@ -610,11 +488,6 @@ class RecordStore:
         return digest
 
 
-def wal_path(path: Path) -> Path:
-    """The write-ahead log beside the database at `path`."""
-    return path.with_name(path.name + "-wal")
-
-
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
     """Hand `callback` to `loop` from the writer thread, unless the loop is already gone."""
     with contextlib.suppress(RuntimeError):
@@ -663,239 +536,3 @@ def _compress_json(value: Any) -> bytes:
 
 def _compress_text(text: str | None) -> bytes | None:
     return None if text is None else _compress_json({"text": text})
-
-
-# -- reading --------------------------------------------------------------------------------------
-
-_SUMMARY_COLUMNS = (
-    "seq, id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
-    "started, first_byte, ended, model, finish_reason, prompt_tokens, completion_tokens, tool_calls, "
-    "counted_prompt_tokens, budget, error_class, error_message, user_agent, retry_count, "
-    "client_disconnected, translated, synthesised"
-)
-
-
-class StoreReader:
-    """Read-only access to a records database, safe beside a running writer.
-
-    >>> reader = StoreReader(".modeltap/records.db")    # doctest: +SKIP
-    >>> [s["id"] for s in reader.sessions()]            # doctest: +SKIP
-    """
-
-    def __init__(self, path: Path | str) -> None:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"no records database at {path} (give --store PATH or set MODELTAP_STORE)"
-            )
-        self.path = path
-        self._conn = connect(path, readonly=True)
-        self._texts: dict[str, bytes] = {}
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            self._conn.close()
-            raise RuntimeError(
-                f"records database {path} has schema version {version}, newer than this modeltap "
-                f"({__version__}, schema {SCHEMA_VERSION}) reads: upgrade modeltap to read it"
-            )
-        if version < SCHEMA_VERSION:
-            self._conn.close()
-            raise RuntimeError(
-                f"records database {path} has schema version {version}, older than this modeltap's "
-                f"{SCHEMA_VERSION}; it is upgraded in place on its next write: run `modeltap vacuum --store "
-                f"{path}` once (or `modeltap serve --store {path}`)"
-            )
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def __enter__(self) -> StoreReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def sessions(self, query: SessionQuery | None = None) -> list[dict[str, Any]]:
-        """The sessions `query` selects (default: all), newest first, each with its exchange count,
-        time span, token totals, error count, model, and rollout reward and outcome (None for a
-        session that is not a rollout). Read from the session rows, through an index."""
-        sql, args = (query or SessionQuery()).sql()
-        return [_session(row) for row in self._conn.execute(sql, args)]
-
-    def session(self, session_id: str) -> dict[str, Any] | None:
-        """One session's row, as `sessions` gives it; None when there is none."""
-        row = self._conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions s WHERE id = ?", (session_id,))
-        found = row.fetchone()
-        return None if found is None else _session(found)
-
-    def groups(self, label: str) -> list[dict[str, Any]]:
-        """The sessions that carry `label`, grouped by its value, as sums (query.merge_groups adds up
-        several stores' and takes the means)."""
-        return query.groups(
-            label,
-            self._conn.execute(query.GROUPS_SQL, (label,)),
-            self._conn.execute(query.GROUP_OUTCOMES_SQL, (label,)),
-        )
-
-    def revision(self) -> int:
-        """The store's latest revision: `SessionQuery(changed_after=…)` lists what changed after it."""
-        return int(self._conn.execute("SELECT COALESCE(MAX(rev), 0) FROM sessions").fetchone()[0])
-
-    def session_ids(self, prefix: str, limit: int | None = None) -> list[str]:
-        """Session ids starting with `prefix` (at most `limit`), so a person can type the first few
-        characters."""
-        low, high = query.id_range(prefix)
-        sql = "SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
-        return [row[0] for row in self._conn.execute(sql, (low, high, -1 if limit is None else limit))]
-
-    def exchanges(
-        self,
-        session_id: str | None = None,
-        *,
-        after_seq: int = 0,
-        bodies: bool = True,
-        limit: int | None = None,
-    ) -> list[dict[str, Any]]:
-        """Exchanges in recording order, optionally of one session and after a sequence number.
-        With `bodies`, each has its `request`, `sent` and `response` rebuilt as dicts."""
-        columns = _SUMMARY_COLUMNS + (", request, sent, response, received" if bodies else "")
-        sql = f"SELECT {columns} FROM exchanges WHERE seq > ?"
-        args: list[Any] = [after_seq]
-        if session_id is not None:
-            sql += " AND session_id = ?"
-            args.append(session_id)
-        sql += " ORDER BY seq"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(limit)
-        with self._snapshot():
-            return [self._row(row, bodies) for row in self._conn.execute(sql, args)]
-
-    def recent(self, session_id: str | None, count: int) -> list[dict[str, Any]]:
-        """The last `count` exchanges (of one session, or of all), with their bodies, oldest first."""
-        sql = f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges"
-        args: list[Any] = []
-        if session_id is not None:
-            sql += " WHERE session_id = ?"
-            args.append(session_id)
-        with self._snapshot():
-            rows = self._conn.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, count)).fetchall()
-            return [self._row(row, True) for row in reversed(rows)]
-
-    def turn_number(self, session_id: str, seq: int) -> int:
-        """The number (from 1) of exchange `seq` among its session's turns."""
-        sql = "SELECT COUNT(*) FROM exchanges WHERE session_id = ? AND seq <= ?"
-        return int(self._conn.execute(sql, (session_id, seq)).fetchone()[0])
-
-    def exchange(self, exchange_id: str) -> dict[str, Any] | None:
-        with self._snapshot():
-            row = self._conn.execute(
-                f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges WHERE id = ?",
-                (exchange_id,),
-            ).fetchone()
-            return None if row is None else self._row(row, True)
-
-    @contextlib.contextmanager
-    def _snapshot(self) -> Iterator[None]:
-        """One read transaction: rows and the blobs they reference are read as of one moment, so a
-        prune that commits meanwhile is seen whole or not at all (docs/sqlite.md §1)."""
-        if self._conn.in_transaction:
-            yield
-            return
-        self._conn.execute("BEGIN")
-        try:
-            yield
-        finally:
-            self._conn.execute("COMMIT")
-
-    def raw_sse(self, exchange_id: str) -> bytes | None:
-        row = self._conn.execute("SELECT raw_sse FROM exchanges WHERE id = ?", (exchange_id,)).fetchone()
-        return zlib.decompress(row[0]) if row is not None and row[0] is not None else None
-
-    def size_bytes(self) -> dict[str, int]:
-        """Stored bytes of request skeletons, responses, blobs and token ids (compressed), for storage
-        reports."""
-        req, resp = self._conn.execute(
-            "SELECT COALESCE(SUM(LENGTH(request)), 0), COALESCE(SUM(LENGTH(response)), 0) FROM exchanges"
-        ).fetchone()
-        blobs = self._conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM blobs").fetchone()[0]
-        tokens = token_store.token_bytes(self._conn)
-        total = req + resp + blobs + tokens
-        return {"requests": req, "responses": resp, "blobs": blobs, "token_ids": tokens, "total": total}
-
-    def token_turns(self, session_id: str) -> list[dict[str, Any]]:
-        """The session's exchanges that hold token ids or were asked for them, in recording order:
-        `turn`, `source`, lengths, nodes, `continues`, `shared` and `drift` (records/token_store.py)."""
-        return token_store.session_tokens(self._conn, session_id)
-
-    def token_sequence(self, node: str) -> list[int]:
-        """The ids a token node stands for (a turn's `prompt_node` or `sequence_node`)."""
-        return token_store.load_sequence(self._conn, node).tolist()
-
-    def token_completion(self, turn: dict[str, Any]) -> list[int]:
-        """The completion ids of a token turn (one of `token_turns`)."""
-        return token_store.node_ids(self._conn, turn["sequence_node"]).tolist()
-
-    def token_logprobs(self, turn: dict[str, Any]) -> list[float | None] | None:
-        """The completion's logprobs of a token turn, when they were recorded."""
-        return token_store.unpack_logprobs(turn["logprobs"])
-
-    def _row(self, row: sqlite3.Row, bodies: bool) -> dict[str, Any]:
-        out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response", "received")}
-        out["labels"] = json.loads(out["labels"])
-        out["budget"] = json.loads(out["budget"]) if out["budget"] else None
-        out["streamed"] = bool(out["streamed"])
-        out["client_disconnected"] = bool(out["client_disconnected"])
-        out["synthesised"] = bool(out["synthesised"])
-        if bodies:
-            out["request"] = self._unpack_request(row["request"])
-            out["sent"] = self._unpack_request(row["sent"])
-            out["response"] = json.loads(zlib.decompress(row["response"])) if row["response"] else None
-            out["received"] = json.loads(zlib.decompress(row["received"])) if row["received"] else None
-        return out
-
-    def _unpack_request(self, packed: bytes | None) -> Any:
-        if packed is None:
-            return None
-        doc = json.loads(zlib.decompress(packed))
-        if "raw" in doc:
-            return doc["raw"]
-        body, refs = doc["body"], doc["refs"]
-        out: dict[str, Any] = {}
-        for key in doc["order"]:
-            if key not in refs:
-                out[key] = body[key]
-            elif isinstance(refs[key], dict):
-                out[key] = [self._blob(h) for h in self._list_hashes(refs[key]["list"])]
-            else:
-                out[key] = self._blob(refs[key])
-        return out
-
-    def _list_hashes(self, node: str) -> list[str]:
-        chunks: list[list[str]] = []
-        while node is not None:
-            doc = self._blob(node)
-            chunks.append(doc["add"])
-            node = doc["prev"]
-        return [h for chunk in reversed(chunks) for h in chunk]
-
-    def _blob(self, digest: str) -> Any:
-        """The blob's value, decoded afresh (callers may change it); its text comes from the cache when
-        an earlier turn read it: a blob never changes."""
-        text = self._texts.get(digest)
-        if text is None:
-            row = self._conn.execute("SELECT data FROM blobs WHERE hash = ?", (digest,)).fetchone()
-            if row is None:
-                raise RuntimeError(f"records database {self.path} is missing blob {digest}")
-            text = self._texts[digest] = zlib.decompress(row[0])
-            if len(self._texts) > READER_BLOBS_MAX:
-                self._texts.pop(next(iter(self._texts)))
-        return json.loads(text)
-
-
-def _session(row: sqlite3.Row) -> dict[str, Any]:
-    out = dict(row)
-    out["labels"] = json.loads(out["labels"])
-    out["rollout"] = json.loads(out["rollout"]) if out["rollout"] else None
-    out["token_drift"] = json.loads(out["token_drift"]) if out["token_drift"] else None
-    return out

@@ -5,7 +5,7 @@ Owns: turning what the user gave into database paths (each glob expanded, each f
 store the last `modeltap serve` wrote to (a one-line state file) for a reader given none, a reader
 for each, finding a session by the first characters of its id across them, and listing and grouping
 across them. A session id found in two stores is two sessions: each row says which store it is from.
-Does not own: reading one store (store.py), the filters and merging (query.py), printing (view.py).
+Does not own: reading one store (reader.py), the filters and merging (query.py), printing (view.py).
 
     with Stores.open(["nodes/*/records.db"]) as stores:
         rows = stores.sessions(SessionQuery(limit=50))      # newest first, each with its "store"
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from modeltap.records.query import SessionQuery, merge_groups
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 
 # How many matches of an id prefix an ambiguity message names.
 AMBIGUOUS_SHOWN = 10

@@ -4,7 +4,7 @@ Owns: waiting for each database to appear (so `tail` may start before `serve`) a
 asked for to begin (each said once on stderr), printing each one's last exchanges, then each new one
 as it is recorded, numbered within its session, named with its store when there are several. What
 it reads follows what it prints: the last few rows, then the rows after the last one seen, and one
-count per session it meets. Does not own: a row as a turn or a line (view.py), reading (store.py).
+count per session it meets. Does not own: a row as a turn or a line (view.py), reading (reader.py).
 
     follow(["node1/records.db", "node2/records.db"], session="s-3f", stop=threading.Event())
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from modeltap.records.store import SCHEMA_VERSION, StoreReader, connect
+from modeltap.records.reader import StoreReader
+from modeltap.records.schema import SCHEMA_VERSION, connect
 from modeltap.records.view import tail_line, turn_record
 
 # How often `tail` looks for new exchanges: fast enough to feel live, and a poll of an idle WAL

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 
 FORMAT = "modeltap.tokens"
 # Each line says which format it is in; a reader checks it before trusting the fields.

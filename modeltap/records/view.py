@@ -4,7 +4,7 @@ Owns: turning a session's exchanges into turns, each saying what it added agains
 conversation it continues (new messages, tool calls and their results, the reply, finish reason,
 tokens, timing, budget decision, error, and with `--token-ids` its ids and any break in its token
 history), as JSON-ready dicts (`show --json`, `tail --json`, the web viewer) and as text (`show`, a
-`tail` line). Does not own: reading the store (store.py), reading one body (its format's dialect),
+`tail` line). Does not own: reading the store (reader.py), reading one body (its format's dialect),
 listings of sessions and groups (listing.py), following a store as it grows (tail.py), export
 formats (export.py).
 

@@ -27,7 +27,7 @@ from sdk_turns import anthropic_tool_turns
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.proxy.sessions import Session
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.agents import arun_agent, arun_claude, arun_opencode, codex_command
 
 QUESTION = "What is six times seven? Use the shell."

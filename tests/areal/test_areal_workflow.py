@@ -30,7 +30,7 @@ from areal_server import AGENT_CLS_PATH, ArealProxyServer
 from modeltap.adapter import shutdown, task_rows
 from modeltap.adapter.docker_sandbox import LABEL_RUN
 from modeltap.proxy.network import bridge_gateway
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.docker.hostroot import ensure_image
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from docker.models.containers import Container
 
 from modeltap.adapter import AgentWorkflow, RunFailed, task_rows
 from modeltap.adapter.docker_sandbox import LABEL_RUN
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.adapter_harness import blocking_calls_probe, run_samples
 from tests.docker.conftest import ROOT
 from tests.docker.test_docker_sandbox import until

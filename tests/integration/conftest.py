@@ -15,7 +15,7 @@ import pytest
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.standins.areal import ArealStandIn
 
 START_TIMEOUT_S = 10.0

@@ -18,7 +18,7 @@ import pytest
 
 from modeltap.proxy.server import Proxy
 from modeltap.records.export import write_export
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.view import pretty, turn_text, turns
 from tests.factories import ASK
 from tests.integration.conftest import records

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from modeltap.proxy.server import Proxy
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.standins.areal import ArealStandIn
 
 START_TIMEOUT_S = 20.0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 
 DEMO_RUN_S = 240
 

@@ -33,7 +33,7 @@ from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.errors import Forbidden, NotFound
 from modeltap.proxy.routes import Route, masked, resolve, session_token
 from modeltap.records.export import write_export
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.integration.conftest import ThreadedProxy
 from tests.standins.areal import ArealStandIn
 

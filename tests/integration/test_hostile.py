@@ -27,7 +27,7 @@ import pytest
 from modeltap.proxy.server import Proxy
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.tasks import Tasks
-from modeltap.records.store import connect
+from modeltap.records.schema import connect
 from tests.integration.conftest import records
 from tests.integration.test_proxy_sdks import ASK
 from tests.integration.test_proxy_sessions import proxy_log

@@ -32,7 +32,7 @@ import anthropic
 import openai
 import pytest
 
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.agents import (
     MODEL,
     REPO_ROOT,

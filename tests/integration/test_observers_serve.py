@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from modeltap.records.exchange import Exchange
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.integration.test_cli_serve import START_TIMEOUT_S, start_serve
 from tests.standins.areal import ArealStandIn
 

@@ -28,7 +28,7 @@ from modeltap.proxy import network
 from modeltap.proxy.config import DEFAULT_SESSION_TTL_S
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.proxy.sessions import Session
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.factories import ASK, CONTROL_PATHS
 from tests.integration.conftest import records
 from tests.integration.test_proxy_sdks import anthropic_client, openai_client

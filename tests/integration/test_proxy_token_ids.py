@@ -17,7 +17,7 @@ import pytest
 
 from modeltap.proxy.server import Proxy
 from modeltap.records.export import write_export
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.factories import ASK, BASH_TOOL
 from tests.standins import token_engine as te
 from tests.standins.areal import ArealStandIn

@@ -27,8 +27,8 @@ from modeltap.proxy.config import DEFAULT_MAX_BODY_BYTES
 from modeltap.proxy.server import Proxy
 from modeltap.records.export import conversation
 from modeltap.records.mock import load_mock, mock_app
+from modeltap.records.reader import StoreReader
 from modeltap.records.replay import replay
-from modeltap.records.store import StoreReader
 from modeltap.records.view import turns
 from tests.agents import arun_opencode
 from tests.factories import ASK, BASH_TOOL

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.agents import run_claude, run_opencode
 from tests.integration.test_cli_serve import START_TIMEOUT_S, start_serve
 from tests.standins import token_engine as te

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.agents import run_opencode
 from tests.factories import ASK
 from tests.integration.test_otlp_export import sdk_turns

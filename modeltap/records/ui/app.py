@@ -5,7 +5,7 @@ searched and sorted on the server, or only those changed since the page's last p
 turns with its row, token ids and breaks; one turn in full; a session's export) and serving
 `static/` (plain HTML, CSS and JavaScript: no build step, nothing from a CDN). Does not own: the
 filters (query.py), several stores as one (stores.py), turns and their fields (view.py), export
-formats (export.py), reading (store.py).
+formats (export.py), reading (reader.py).
 
 The page polls the API, so it follows databases that `modeltap serve` is writing: each call opens
 read-only connections off the event loop, which WAL lets run beside the writer, and a poll asks
@@ -31,7 +31,7 @@ from aiohttp import hdrs, web
 from modeltap.records.exchange import OUTCOMES
 from modeltap.records.export import FORMATS, write_export
 from modeltap.records.query import DEFAULT_LIMIT, SORTS, SessionQuery, parse_label
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.stores import Stores
 from modeltap.records.view import turns
 

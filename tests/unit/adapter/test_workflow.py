@@ -31,7 +31,7 @@ from modeltap.adapter import (
 )
 from modeltap.adapter import workflow as workflow_module
 from modeltap.adapter.loop import background
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.adapter_harness import arithmetic, blocking_calls_probe, run_samples
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn

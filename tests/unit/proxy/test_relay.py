@@ -20,7 +20,7 @@ from modeltap.dialects.sse import StreamAssembler
 from modeltap.proxy import relay
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.factories import SSE_DONE, assistant, chat_chunk, chat_completion, sse_data, usage
 
 ASK = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -14,7 +14,7 @@ from modeltap import dialects
 from modeltap.dialects.sse import StreamAssembler, split_events
 from modeltap.records.exchange import Exchange
 from modeltap.records.export import JSONL_FORMAT_VERSION, conversation, har, write_export
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.streams import stream_events
 from tests.factories import (
     assistant,

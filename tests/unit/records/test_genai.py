@@ -13,7 +13,7 @@ import pytest
 from modeltap import dialects
 from modeltap.records import genai
 from modeltap.records.genai import Call, attributes, span_name
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.factories import (
     ASK,
     BASH_TOOL,

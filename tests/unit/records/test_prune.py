@@ -14,7 +14,9 @@ import pytest
 
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.prune import needs_full_vacuum, prune, vacuum
-from modeltap.records.store import RecordStore, StoreReader, connect
+from modeltap.records.reader import StoreReader
+from modeltap.records.schema import connect
+from modeltap.records.store import RecordStore
 from tests.factories import assistant, recorded, rollout
 from tests.token_sessions import served_turn, tool_session
 from tests.unit.records.test_store_migration import landed_store

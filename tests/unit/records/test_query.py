@@ -10,7 +10,7 @@ import pytest
 
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.query import SessionQuery, merge_groups, parse_label, parse_when
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from tests.factories import assistant, recorded, rollout
 
 DAY_S = 86400.0

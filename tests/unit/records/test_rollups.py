@@ -11,7 +11,8 @@ from typing import Any
 
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.query import SessionQuery
-from modeltap.records.store import RecordStore, StoreReader
+from modeltap.records.reader import StoreReader
+from modeltap.records.store import RecordStore
 from tests.factories import assistant, chat_completion, exchange
 
 

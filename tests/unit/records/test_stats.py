@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from modeltap.records.query import SessionQuery
+from modeltap.records.reader import StoreReader
 from modeltap.records.stats import percentile, stats, stats_table
-from modeltap.records.store import StoreReader
 from modeltap.records.stores import Stores
 from tests.factories import ASK, assistant, exchange, recorded, rollout, tool_call
 

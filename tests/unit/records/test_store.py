@@ -14,15 +14,9 @@ from typing import Any
 import pytest
 
 from modeltap.records.exchange import Exchange, SessionEvent
-from modeltap.records.store import (
-    RECORD_ERROR,
-    SCHEMA_VERSION,
-    RecordStore,
-    StoreClosed,
-    StoreReader,
-    connect,
-    migrate,
-)
+from modeltap.records.reader import StoreReader
+from modeltap.records.schema import SCHEMA_VERSION, connect, migrate
+from modeltap.records.store import RECORD_ERROR, RecordStore, StoreClosed
 from tests.factories import exchange
 
 WORDS = "the proxy records every turn of an agent run with its tools tokens and timing".split()

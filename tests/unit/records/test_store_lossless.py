@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from modeltap.records.store import RECORD_ERROR, RecordStore, StoreReader
+from modeltap.records.reader import StoreReader
+from modeltap.records.store import RECORD_ERROR, RecordStore
 from tests.factories import exchange, recorded
 
 HALF_EMOJI = "\ud83d"  # what a JavaScript agent sends after cutting "😀" in half

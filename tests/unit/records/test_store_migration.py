@@ -11,7 +11,9 @@ import pytest
 
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.query import SessionQuery
-from modeltap.records.store import SCHEMA_VERSION, RecordStore, StoreReader, connect, migrate
+from modeltap.records.reader import StoreReader
+from modeltap.records.schema import SCHEMA_VERSION, connect, migrate
+from modeltap.records.store import RecordStore
 from tests.factories import assistant, recorded, rollout, tool_call
 
 # The landed version's schema, as it created every records database (PRAGMA user_version = 1).

@@ -16,7 +16,8 @@ import pytest
 from modeltap.dialects.token_ids import TokenIds
 from modeltap.records.export import write_export
 from modeltap.records.listing import sessions_table
-from modeltap.records.store import SCHEMA_VERSION, StoreReader, migrate
+from modeltap.records.reader import StoreReader
+from modeltap.records.schema import SCHEMA_VERSION, migrate
 from modeltap.records.view import session_turns, turn_text, turns
 from tests.factories import chat_completion, exchange, recorded, usage
 from tests.standins import token_engine as te
@@ -292,7 +293,7 @@ async def test_show_and_sessions_mark_the_break(tmp_path: Path) -> None:
 def test_a_store_of_the_previous_version_migrates(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    from modeltap.records.store import MIGRATIONS
+    from modeltap.records.schema import MIGRATIONS
 
     conn.executescript(MIGRATIONS[0])
     conn.execute("PRAGMA user_version = 1")

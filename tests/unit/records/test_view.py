@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from modeltap.records.exchange import Exchange
-from modeltap.records.store import StoreReader
+from modeltap.records.reader import StoreReader
 from modeltap.records.view import session_turns, tail_line, turn_text, turns
 from tests.factories import assistant, exchange, recorded, tool_call
 
