@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -124,9 +124,11 @@ class _Waiting(ReadableSpan):
 
 @dataclass
 class Tally:
-    """Spans counted, each count written by one thread: `queued`, `dropped` (the queue was full) and
-    `abandoned` (still unsent when the stop gave up) on the event loop; `done`, `exported` and
-    `failed` (the backend did not take them) on the worker."""
+    """Spans counted: `queued` and `dropped` (the queue was full) on the event loop; `done`,
+    `exported` and `failed` (the backend did not take them) on the worker; `abandoned` (still unsent
+    when the stop gave up) by the stop. A span is settled once, under `settling`: a batch the worker
+    finishes after the stop gave up on it is already counted abandoned (or, sent after all, moves to
+    exported), never failed as well."""
 
     queued: int = 0
     dropped: int = 0
@@ -134,8 +136,30 @@ class Tally:
     done: int = 0
     exported: int = 0
     failed: int = 0
+    given_up: bool = False
+    settling: threading.Lock = field(default_factory=threading.Lock)
     _reported: tuple[int, ...] = (0, 0, 0, 0)
     _next_report: float = 0.0
+
+    def settle(self, count: int, sent: bool) -> None:
+        """On the worker: a batch of `count` spans was sent (or not)."""
+        with self.settling:
+            self.done += count
+            if self.given_up:
+                if sent:
+                    self.exported += count
+                    self.abandoned -= count
+            elif sent:
+                self.exported += count
+            else:
+                self.failed += count
+
+    def give_up(self) -> int:
+        """On the stop: count what is still waiting as abandoned; returns how many."""
+        with self.settling:
+            self.given_up = True
+            self.abandoned = self.waiting
+            return self.abandoned
 
     @property
     def waiting(self) -> int:
@@ -183,12 +207,7 @@ class _Mapper(SpanExporter):
         except Exception:
             log.exception("otlp: could not map or send %d spans", len(spans))
             result = SpanExportResult.FAILURE
-        finally:
-            self._tally.done += len(spans)
-        if result is SpanExportResult.SUCCESS:
-            self._tally.exported += len(spans)
-        else:
-            self._tally.failed += len(spans)
+        self._tally.settle(len(spans), result is SpanExportResult.SUCCESS)
         self._tally.report()
         return result
 
@@ -267,12 +286,12 @@ class OtlpExport:
         try:
             await asyncio.wait_for(asyncio.wrap_future(stopped), SHUTDOWN_TIMEOUT_S)
         except TimeoutError:
+            abandoned = self.tally.give_up()
             mapper.shutdown()  # the worker gives up its retries instead of outliving the stop
-            self.tally.abandoned = self.tally.waiting
             log.warning(
                 "otlp: %s did not take the last %d spans in %g s",
                 self.endpoint,
-                self.tally.waiting,
+                abandoned,
                 SHUTDOWN_TIMEOUT_S,
             )
         self.tally.report(final=True)

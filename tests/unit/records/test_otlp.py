@@ -84,6 +84,29 @@ def test_losses_are_logged_at_most_once_per_interval_and_at_the_end(
     ]
 
 
+@pytest.mark.parametrize(
+    ("order", "counts"),
+    [
+        # (exported, failed, abandoned) for 10 spans queued, whichever comes first: the worker
+        # finishing the batch, or the stop giving up on it.
+        (("fail", "give up"), (0, 10, 0)),
+        (("give up", "fail"), (0, 0, 10)),
+        (("give up", "send"), (10, 0, 0)),
+        (("send", "give up"), (10, 0, 0)),
+    ],
+)
+def test_a_span_is_counted_once_whether_the_worker_or_the_stop_settles_it_first(
+    order: tuple[str, str], counts: tuple[int, int, int]
+) -> None:
+    tally = otlp.Tally(queued=10)
+    for step in order:
+        if step == "give up":
+            tally.give_up()
+        else:
+            tally.settle(10, sent=step == "send")
+    assert (tally.exported, tally.failed, tally.abandoned) == counts and tally.waiting == 0
+
+
 def test_an_exchange_before_start_or_after_close_is_counted_dropped() -> None:
     export = otlp.OtlpExport("http://127.0.0.1:9/v1/traces")
     export.on_exchange(exchange({"model": "m", "messages": [ASK]}, None))
