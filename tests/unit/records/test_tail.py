@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from modeltap.records.schema import SCHEMA_VERSION
 from modeltap.records.store import RecordStore
 from modeltap.records.tail import follow
 from tests.factories import recorded
@@ -145,3 +147,14 @@ async def test_a_session_not_there_yet_is_said_to_be_waited_for_then_followed(
         f"modeltap tail: session s-late does not exist yet in {path}; waiting for it",
         "modeltap tail: session s-late began; following it",
     ]
+
+
+async def test_follow_refuses_a_store_of_a_newer_modeltap_instead_of_waiting_on_it(tmp_path: Path) -> None:
+    # A store still being created by `serve` is looked at again; one a newer modeltap wrote never
+    # becomes readable by waiting, so `tail` says so at once.
+    path = await recorded(tmp_path / "r.db", chat([SYSTEM, ASK], chat_reply("42")))
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="newer than this modeltap"):
+        follow(path, out=io.StringIO(), poll_s=0.01, stop=threading.Event())
