@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from modeltap.records.exchange import Exchange
-from tests.integration.test_cli_serve import START_TIMEOUT_S, start_serve
+from tests.integration.test_cli_serve import START_TIMEOUT_S, serve_port, start_serve
 from tests.standins.areal import ArealStandIn
 
 # What transformers would bring along: any of them in the process means the budget imported it.
@@ -50,7 +49,7 @@ def test_serve_counts_with_the_budget_and_no_transformers_in_the_process(
         ],
         tmp_path / "records.db",
     )  # fmt: skip
-    port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", "\n".join(lines)).group(1))  # type: ignore[union-attr]
+    port = serve_port(lines)
     session = areal.open_session("counted")
     messages = [{"role": "user", "content": "hello"}]
     for turn in range(3):

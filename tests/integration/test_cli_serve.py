@@ -26,6 +26,25 @@ START_TIMEOUT_S = 20.0
 REQUESTS = 20
 
 
+def serve_port(lines: list[str]) -> int:
+    """The port a `serve` started by `start_serve` listens on, from its start-up report."""
+    found = re.search(r"listening on 0\.0\.0\.0:(\d+)", "\n".join(lines))
+    assert found is not None, lines
+    return int(found.group(1))
+
+
+def post_chat(port: int, key: str, content: str) -> None:
+    """One chat request to that `serve` with a session's key, answered 200."""
+    body = {"model": "policy", "messages": [{"role": "user", "content": content}], "max_tokens": 8}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 200
+
+
 def start_serve(
     args: list[str], store: Path, timeout_s: float = START_TIMEOUT_S
 ) -> tuple[subprocess.Popen[str], list[str]]:
@@ -59,7 +78,7 @@ def test_serve_prints_its_urls_and_flushes_every_record_on_a_signal(
     proc, lines = start_serve(["--upstream", areal.url, "--model", "policy"], store)
     report = "\n".join(lines)
     assert "layout    auto" in report and f"upstream  {areal.url}" in report
-    port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", report).group(1))  # type: ignore[union-attr]
+    port = serve_port(lines)
     assert f"http://127.0.0.1:{port}/v1" in report and f"http://172.17.0.1:{port}/v1" in report
     session = areal.open_session("cli")
     for i in range(REQUESTS):
@@ -112,16 +131,7 @@ def test_serve_prints_a_line_per_exchange_unless_quiet(
     proc, lines = start_serve(["--upstream", areal.url, *(["--quiet"] if quiet else [])], store)
     report = "\n".join(lines)
     assert f"records   {store.resolve()}" in report and f"modeltap tail --store {store.resolve()}" in report
-    port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", report).group(1))  # type: ignore[union-attr]
-    session = areal.open_session("lines")
-    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {session.api_key}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        assert reply.status == 200
+    post_chat(serve_port(lines), areal.open_session("lines").api_key, "hi")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=START_TIMEOUT_S)
     exchange_lines = [

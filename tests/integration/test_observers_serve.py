@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from modeltap.records.exchange import Exchange
 from modeltap.records.reader import StoreReader
-from tests.integration.test_cli_serve import START_TIMEOUT_S, start_serve
+from tests.integration.test_cli_serve import START_TIMEOUT_S, post_chat, serve_port, start_serve
 from tests.standins.areal import ArealStandIn
 
 REQUESTS = 3
@@ -46,17 +44,9 @@ def test_a_failing_observer_is_logged_per_exchange_and_every_exchange_is_recorde
         ],
         store,
     )  # fmt: skip
-    port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", "\n".join(lines)).group(1))  # type: ignore[union-attr]
-    session = areal.open_session("observed")
+    port, session = serve_port(lines), areal.open_session("observed")
     for i in range(REQUESTS):
-        body = {"model": "policy", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 8}
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {session.api_key}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            assert reply.status == 200
+        post_chat(port, session.api_key, f"hi {i}")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=START_TIMEOUT_S)
     assert proc.returncode == 0, out

@@ -9,7 +9,6 @@ lines."""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 
 from modeltap.records.reader import StoreReader
 from tests.agents import run_claude, run_opencode
-from tests.integration.test_cli_serve import START_TIMEOUT_S, start_serve
+from tests.integration.test_cli_serve import START_TIMEOUT_S, serve_port, start_serve
 from tests.standins import token_engine as te
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
@@ -77,7 +76,7 @@ def test_opencode_session_exports_one_exact_line_and_an_edited_copy_breaks_into_
     proc, lines = start_serve(["--upstream", vllm_standin.v1_url, "--token-ids"], store)
     try:
         assert any("token ids asked of vllm 0.11.0" in line for line in lines), lines
-        port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", "\n".join(lines)).group(1))  # type: ignore[union-attr]
+        port = serve_port(lines)
         run = run_opencode(f"http://127.0.0.1:{port}/v1", "sk-test", tmp_path / "proj")
         assert run.exit_code == 0 and run.final_text == "42", run.describe()
         with StoreReader(store) as reader:
@@ -122,7 +121,7 @@ def test_opencode_accepts_sglangs_trailing_ids_chunk(standin_factory: Any, tmp_p
     store = tmp_path / "records.db"
     proc, lines = start_serve(["--upstream", upstream.v1_url, "--token-ids"], store)
     try:
-        port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", "\n".join(lines)).group(1))  # type: ignore[union-attr]
+        port = serve_port(lines)
         run = run_opencode(f"http://127.0.0.1:{port}/v1", "sk-test", tmp_path / "proj")
         assert run.exit_code == 0 and run.final_text == "42", run.describe()
     finally:
@@ -142,7 +141,7 @@ def test_claude_code_through_token_ids_gets_rendered_ids(
         ["--upstream", areal.url, "--token-ids", "--tokenizer", qwen_dir], store, TOKENIZER_START_TIMEOUT_S
     )
     try:
-        port = int(re.search(r"listening on 0\.0\.0\.0:(\d+)", "\n".join(lines)).group(1))  # type: ignore[union-attr]
+        port = serve_port(lines)
         run = run_claude(f"http://127.0.0.1:{port}", areal.open_session("claude").api_key, tmp_path / "proj")
         assert run.exit_code == 0 and run.final_text == "42", run.describe()
     finally:
