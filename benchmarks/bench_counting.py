@@ -42,8 +42,8 @@ from benchmarks import budget_memory
 from benchmarks.configs import qwen_tokenizer_dir
 from benchmarks.report import fmt, heading, table, verdict
 from modeltap import dialects
-from modeltap.proxy.loaded_tokenizer import LoadedTokenizer
-from modeltap.proxy.tokens import VERIFY_FIRST_REQUESTS, TokenCounter, check_interval
+from modeltap.counting.counter import VERIFY_FIRST_REQUESTS, TokenCounter, check_interval
+from modeltap.counting.loaded import LoadedTokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The two sizes the goals compare, and a smoke run's.

@@ -37,13 +37,13 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from benchmarks.report import fmt, heading, table, verdict
+from modeltap.readers.sessions import groups_table, sessions_table
+from modeltap.readers.show import session_turns
+from modeltap.readers.ui import viewer_app
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
-from modeltap.records.listing import groups_table, sessions_table
 from modeltap.records.query import SessionQuery
 from modeltap.records.store import RecordStore
 from modeltap.records.stores import Stores
-from modeltap.records.ui import viewer_app
-from modeltap.records.view import session_turns
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # A GRPO group: this many samples of one task, their turns interleaved as AReaL plays them at once.

@@ -25,8 +25,8 @@ from aiohttp import web
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
+from modeltap.readers.show import session_turns
 from modeltap.records.reader import StoreReader
-from modeltap.records.view import session_turns
 
 DEMO_MODEL = "demo-model"
 DEMO_PROMPT = "Run the shell command `echo $((6 * 7))` and reply with only the number it prints."

@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from modeltap.proxy import bpe
+from modeltap.counting import bpe
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
 from tests.standins.anthropic_wire import sse_event
@@ -347,7 +347,7 @@ def qwen_folder(
     without the keys in `drop`, plus `files` (relative path: text, written byte for byte).
 
     The Qwen config's `"unk_token": null` stays: with the key missing, Qwen2Tokenizer would pass its
-    code default to templates, which no folder reader can know (modeltap/proxy/chat_template.py).
+    code default to templates, which no folder reader can know (modeltap/counting/template.py).
     """
     root.mkdir(parents=True)
     (root / "tokenizer.json").symlink_to(Path(qwen_dir, "tokenizer.json"))

@@ -4,7 +4,7 @@ Owns: the normalisation a server applies before rendering, copied so that modelt
 prompt: SGLang's (content parts joined with a space, JSON-string tool-call arguments parsed, None
 dropped: docs/token-budgets.md §1.6), and the openai SDK's typed view AReaL validates chat bodies with
 (docs/areal.md §1.1.6). Does not own: what a format's prompt is (modeltap.dialects) or rendering and
-counting (proxy/tokens.py).
+counting (counting/counter.py).
 
 Pure functions over dicts; imports nothing of modeltap.
 """

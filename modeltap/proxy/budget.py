@@ -1,7 +1,7 @@
 """Token budgets: the limits in force, the pass / clamp / reject decision, and its error messages.
 
 Owns: the budget rule, how a clamp rewrites the completion field, and discovering the context length
-from the upstream at start. Does not own: counting (tokens.py), which field caps a format's
+from the upstream at start. Does not own: counting (counting/counter.py), which field caps a format's
 completion or how its refusal is worded (the format's dialect), answering the error in the client's
 shape (errors.py, relay.py), or when a budget applies (relay.py).
 
@@ -26,11 +26,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
+from modeltap.counting.counter import CountError, TokenCounter
 from modeltap.dialects.base import Dialect
 from modeltap.proxy.config import BUDGET_POLICIES, BudgetPolicy
 from modeltap.proxy.errors import BadRequest, OverBudget
-from modeltap.proxy.tokens import CountError, TokenCounter
 from modeltap.proxy.upstream import Upstream
+from modeltap.records.exchange import BudgetRecord
 
 log = logging.getLogger(__name__)
 
@@ -132,19 +133,19 @@ class Decision:
             return f"rejected {self.prompt_tokens}+{asked}>{self.limit}"
         return f"passed {self.prompt_tokens}+{asked}<={self.limit}"
 
-    def as_record(self) -> dict[str, Any]:
-        """What the record store keeps about the decision (no bodies)."""
-        return {
-            "summary": self.summary(),
-            "action": self.action,
-            "prompt_tokens": self.prompt_tokens,
-            "requested": self.requested,
-            "allowed": self.allowed,
-            "field": self.field,
-            "limit": self.limit,
-            "error": self.error.message if self.error else None,
-            "note": self.note,
-        }
+    def as_record(self) -> BudgetRecord:
+        """What the record keeps about the decision (no bodies)."""
+        return BudgetRecord(
+            summary=self.summary(),
+            action=self.action,
+            prompt_tokens=self.prompt_tokens,
+            requested=self.requested,
+            allowed=self.allowed,
+            field=self.field,
+            limit=self.limit,
+            error=self.error.message if self.error else None,
+            note=self.note,
+        )
 
 
 class _Shared(TypedDict):

@@ -96,7 +96,7 @@ def response_headers(flow: Flow, reply: Reply) -> CIMultiDict[str]:
 def budget_header(flow: Flow) -> dict[str, str]:
     """`x-modeltap-budget: clamped 4000->3086` on every answer the budget decided on."""
     budget = flow.draft.budget
-    return {BUDGET_HEADER: budget["summary"]} if budget else {}
+    return {BUDGET_HEADER: budget.summary} if budget is not None else {}
 
 
 def forwarded_query(flow: Flow) -> str:

@@ -29,14 +29,14 @@ from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
-from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder
+from modeltap.proxy.token_recorder import TokenIdRecorder
 from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
+    from modeltap.counting.counter import TokenCounter
+    from modeltap.exporters.otlp import OtlpExport
     from modeltap.proxy.budget import Budget
-    from modeltap.proxy.tokens import TokenCounter
-    from modeltap.records.otlp import OtlpExport
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _otlp(config: ProxyConfig) -> list[OtlpExport]:
     if endpoint is None:
         return []
     try:
-        from modeltap.records.otlp import OtlpExport
+        from modeltap.exporters.otlp import OtlpExport
     except ImportError as exc:
         if config.otlp_endpoint:
             raise ValueError(f"--otlp-endpoint: {exc}") from exc
@@ -139,7 +139,7 @@ async def _counter(config: ProxyConfig) -> TokenCounter | None:
     if config.tokenizer is None or (config.budget == "off" and not config.token_ids):
         return None
     _require_budget_extra()
-    from modeltap.proxy.tokens import TokenCounter
+    from modeltap.counting.counter import TokenCounter
 
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
     # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
@@ -194,7 +194,11 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
     config = ctx.config
     if not config.token_ids:
         return None, "off (no --token-ids)"
-    renderer = await asyncio.to_thread(IdRenderer, counter) if counter is not None else None
+    renderer = None
+    if counter is not None:
+        from modeltap.counting.ids import IdRenderer  # the [budget] extra, loaded only with a tokenizer
+
+        renderer = await asyncio.to_thread(IdRenderer, counter)
     recorder = TokenIdRecorder(config, renderer)
     if renderer is not None:
         ctx.store.tokens.decoder = renderer.decode_each

@@ -2,10 +2,10 @@
 
 Owns: learning each upstream's engine once (the operator's `--engine`, else its discovery answers,
 read by compat/engines.py), adding what that engine needs to a request without re-serialising it, and
-the fallback: the served model's template (as the budget renders it: `TokenCounter.render`) and its
-tokenizer turn the prompt and the reply into ids, marked "rendered" (`IdRenderer`). Does not own:
-which fields each engine reads (compat/engines.py), reading ids out of a response (the dialects),
-storing them or checking a session's continuity (records/token_store.py, records/continuity.py).
+when to fall back to ids rendered by the served model's template and tokenizer (counting/ids.py).
+Does not own: which fields each engine reads (compat/engines.py), rendering ids (counting/ids.py),
+reading ids out of a response (the dialects), storing them or checking a session's continuity
+(records/token_store.py, records/continuity.py).
 
 The client gets the answer it would have got: the fields modeltap asks for come back in the body
 (vLLM's `prompt_token_ids`, a trailing `sglext` chunk), and modeltap forwards them untouched rather
@@ -31,12 +31,9 @@ from modeltap.dialects.base import Dialect
 from modeltap.dialects.token_ids import TokenIds
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.upstream import Upstream
-from modeltap.records.continuity import common_prefix
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
-
-    from modeltap.proxy.tokens import TokenCounter
+    from modeltap.counting.ids import IdRenderer
 
 log = logging.getLogger(__name__)
 
@@ -48,40 +45,6 @@ PROBE_TIMEOUT_S = 5.0
 REPROBE_AFTER_S = 60.0
 # The leading bytes a JSON object may carry before its `{`: whitespace and a UTF-8 byte-order mark.
 _LEADING = b" \t\r\n\xef\xbb\xbf"
-
-
-class IdRenderer:
-    """Prompt and reply ids made by the served model's template and tokenizer, where the server
-    returns none. The template is the budget's counter's; the encoder is the tokenizer folder's own
-    `tokenizers` model with its vocabulary (Qwen2.5's takes ~80 MB), loaded once, here, because the
-    counter keeps only counts. Build it off the event loop; its methods block."""
-
-    def __init__(self, counter: TokenCounter) -> None:
-        from modeltap.proxy.tokenizer_files import TokenizerFiles
-
-        self._counter = counter
-        self._tokenizer: Tokenizer = TokenizerFiles.load(counter.tokenizer.folder).tokenizer
-
-    def ids(self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None) -> list[int]:
-        """The ids of `body`'s prompt as the server renders and encodes it; with `reply`, of the
-        conversation with the reply appended and no generation prompt (a completions prompt: its text
-        with the reply's `content` appended). Raises CountError for a body it cannot render."""
-        from modeltap.proxy.tokens import CountError
-
-        rendered = self._counter.render(dialect, body, reply)
-        if not isinstance(rendered, str):
-            prompt, text = rendered.prompt, (reply or {}).get("content") or ""
-            if not isinstance(prompt, str) or not isinstance(text, str):
-                raise CountError("only a completions prompt of text is rendered into ids")
-            # Servers encode a completions prompt with the tokenizer's special tokens (BOS).
-            return list(self._tokenizer.encode(prompt + text, add_special_tokens=True).ids)
-        # The template writes BOS itself where the model has one (docs/token-budgets.md §5.2).
-        return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
-
-    def decode_each(self, ids: list[int]) -> list[str]:
-        """Each id's text on its own (special tokens included), for showing where two id sequences
-        part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
-        return [self._tokenizer.decode([token], skip_special_tokens=False) for token in ids]
 
 
 class TokenIdRecorder:
@@ -131,36 +94,12 @@ class TokenIdRecorder:
         if renderer is None:
             return None
         try:
+            from modeltap.counting.ids import rendered_ids  # the [budget] extra, loaded only with a tokenizer
+
             return await asyncio.to_thread(rendered_ids, renderer, dialect, request, response)
         except Exception:  # the boundary: a body the renderer cannot read costs its ids, never its record
             log.warning("token ids not rendered for a %s exchange", dialect.name, exc_info=True)
             return None
-
-
-def rendered_ids(
-    renderer: IdRenderer, dialect: Dialect, request: dict[str, Any], response: Any
-) -> TokenIds | None:
-    """The prompt as the template renders it (with the generation prompt), and the completion as what
-    the template adds for the reply after it. Blocking."""
-    from modeltap.proxy.tokens import CountError
-
-    if isinstance(response, bytes):
-        try:
-            response = json.loads(response)
-        except ValueError:
-            return None
-    if not isinstance(response, dict):
-        return None
-    conversation = dialect.conversation(request, response)
-    reply = conversation.messages[-1] if conversation is not None else {"content": dialect.read(response)[1]}
-    try:
-        prompt = renderer.ids(dialect, request)
-        full = renderer.ids(dialect, request, reply)
-    except CountError as exc:
-        log.debug("no rendered token ids: %s", exc)
-        return None
-    shared = common_prefix(prompt, full)
-    return TokenIds(prompt, full[shared:], None, "rendered")
 
 
 def with_fields(payload: bytes, body: Mapping[str, Any], fields: Mapping[str, Any]) -> bytes:

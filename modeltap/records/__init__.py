@@ -1,1 +1,3 @@
-"""The record store the proxy writes, and everything that reads it for a person debugging an agent."""
+"""The records: the store the proxy writes (schema and migrations, the writer thread, the reader,
+running totals, token ids as shared prefixes, token continuity) and the data model every reader uses
+(the exchange, the turn)."""

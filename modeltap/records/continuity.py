@@ -6,7 +6,7 @@ allowing the one end-of-turn token a template renders differently from the stop 
 sampled: docs/engines.md §4), the first differing position, which message of the conversation the
 break falls in, and its classification; also the fast common-prefix length of two id sequences.
 Does not own: which earlier turn a turn continues (records/token_store.py picks it by messages),
-storing ids or breaks (token_store.py), or showing them (view.py, the viewer).
+storing ids or breaks (token_store.py), or showing them (modeltap/readers: show, the viewer).
 
 Messages are compared as OpenAI chat messages (each dialect's `conversation`), so a break is
 classified the same way whatever the wire format. Pure functions, no I/O.
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from modeltap.dialects.base import as_int, as_str
 
 BreakKind = Literal[
     "tools_changed",
@@ -58,13 +59,78 @@ _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 @dataclass(frozen=True, slots=True)
-class Turn:
+class ContinuedTurn:
     """What classifying a break needs of the turn continued: its history's message digests (as
     `message_digests` makes them), its tools' digest, and its reply as a chat message."""
 
     digests: bytes
     tools: bytes
     reply: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class IdWindow:
+    """The ids around a break on one side (`start` is the first one's position), and their text when
+    the served tokenizer decoded them."""
+
+    start: int
+    ids: list[int]
+    text: list[str] | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> IdWindow:
+        value = value if isinstance(value, dict) else {}
+        ids = [i for i in value.get("ids") or [] if isinstance(i, int)]
+        text = value.get("text")
+        return cls(as_int(value.get("start")) or 0, ids, text if isinstance(text, list) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDrift:
+    """The first break in a session's token history, as the record keeps it: the turn (and exchange)
+    whose prompt broke, the turn it continues, the first differing id `position`, the lengths on both
+    sides, the break's `kind`, the message it falls in (index and role), one line of `text`, the ids'
+    `source`, and the ids around it on both sides."""
+
+    turn: int | None
+    exchange_id: str | None
+    continues_turn: int | None
+    continues: str | None
+    position: int
+    expected_length: int | None
+    prompt_length: int | None
+    previous_prompt_length: int | None
+    kind: str
+    message: int | None
+    role: str | None
+    text: str
+    source: str | None
+    expected: IdWindow
+    got: IdWindow
+
+    @classmethod
+    def from_json(cls, value: Any) -> TokenDrift | None:
+        """A break as a store holds it (its JSON object), or None; members of the wrong type are taken
+        as absent (a store written by another release)."""
+        if not isinstance(value, dict):
+            return None
+        return cls(
+            turn=as_int(value.get("turn")),
+            exchange_id=as_str(value.get("exchange_id")),
+            continues_turn=as_int(value.get("continues_turn")),
+            continues=as_str(value.get("continues")),
+            position=as_int(value.get("position")) or 0,
+            expected_length=as_int(value.get("expected_length")),
+            prompt_length=as_int(value.get("prompt_length")),
+            previous_prompt_length=as_int(value.get("previous_prompt_length")),
+            kind=as_str(value.get("kind")) or "rerendered",
+            message=as_int(value.get("message")),
+            role=as_str(value.get("role")),
+            text=as_str(value.get("text")) or "",
+            source=as_str(value.get("source")),
+            expected=IdWindow.from_json(value.get("expected")),
+            got=IdWindow.from_json(value.get("got")),
+        )
 
 
 def break_position(
@@ -89,7 +155,7 @@ def break_position(
 
 
 def classify(
-    previous: Turn,
+    previous: ContinuedTurn,
     history: Sequence[Any],
     digests: bytes,
     tools: bytes,
@@ -142,32 +208,10 @@ def shared_messages(a: bytes, b: bytes) -> int:
     return _common(_split(a), _split(b))
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading ids `a` and `b` share. Compares 4-byte packed ids in halving slices
-    (memcmp), so two 100k-id prompts cost microseconds, not a Python loop over every id."""
-    left, right = _packed(a), _packed(b)
-    low, high = 0, min(len(a), len(b))
-    if left[: 4 * high] == right[: 4 * high]:
-        return high
-    # Invariant: the first `low` ids agree; the first `high` do not.
-    while high - low > 1:
-        middle = (low + high) // 2
-        if left[4 * low : 4 * middle] == right[4 * low : 4 * middle]:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
 def window(ids: Sequence[int], position: int) -> tuple[int, list[int]]:
     """(start, ids) of the WINDOW_IDS ids either side of `position`."""
     start = max(position - WINDOW_IDS, 0)
     return start, list(ids[start : position + WINDOW_IDS])
-
-
-def _packed(ids: Sequence[int]) -> memoryview:
-    packed = ids if isinstance(ids, array) and ids.typecode == "I" else array("I", ids)
-    return memoryview(packed).cast("B")
 
 
 def _split(digests: bytes) -> list[bytes]:

@@ -21,12 +21,53 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from modeltap.dialects.base import as_int, as_str
 from modeltap.dialects.token_ids import TokenIds
 
 # An upstream error message, or a response that is not a JSON object (an HTML page, plain text), is
 # kept up to this size: AReaL's "Failed after N retries" detail can carry a whole prompt's token ids
 # (docs/areal.md §4.1), and its start says what went wrong.
 RESPONSE_TEXT_MAX_CHARS = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRecord:
+    """What the budget decided for one exchange, as the record keeps it (no bodies): `action` "pass",
+    "clamp" or "reject"; the counted `prompt_tokens`; the completion cap the client `requested` in its
+    `field` and the most that was `allowed`; the `limit` on prompt + completion; the refusal's text
+    (`error`) and a `note` (why it was not counted, say). `summary` is the decision in a few characters,
+    as the `x-modeltap-budget` header carries it (`clamped 4000->3086`)."""
+
+    summary: str
+    action: str
+    prompt_tokens: int | None = None
+    requested: int | None = None
+    allowed: int | None = None
+    field: str | None = None
+    limit: int | None = None
+    error: str | None = None
+    note: str | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> BudgetRecord | None:
+        """The decision as a store holds it (its JSON object), or None when there is none; members of
+        the wrong type are taken as absent (a store written by another release). A BudgetRecord is
+        itself (an exchange not yet stored: serve's line per exchange)."""
+        if isinstance(value, BudgetRecord):
+            return value
+        if not isinstance(value, dict):
+            return None
+        return cls(
+            summary=as_str(value.get("summary")) or "",
+            action=as_str(value.get("action")) or "",
+            prompt_tokens=as_int(value.get("prompt_tokens")),
+            requested=as_int(value.get("requested")),
+            allowed=as_int(value.get("allowed")),
+            field=as_str(value.get("field")),
+            limit=as_int(value.get("limit")),
+            error=as_str(value.get("error")),
+            note=as_str(value.get("note")),
+        )
 
 
 def new_id() -> str:
@@ -72,7 +113,7 @@ class ExchangeDraft:
     response_body: bytes | None = None
     raw_sse: bytes | None = None
     stream_complete: bool | None = None
-    budget: dict[str, Any] | None = None
+    budget: BudgetRecord | None = None
     error_class: str | None = None
     error_message: str | None = None
     user_agent: str | None = None

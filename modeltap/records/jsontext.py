@@ -1,7 +1,8 @@
 """Text the records database can always store: JSON and text columns whatever a request held.
 
 Owns: compact JSON that UTF-8 can always encode, and text column values likewise (a lone surrogate
-kept as its JSON escape). Does not own: where they are stored (store.py, rollups.py).
+kept as its JSON escape); and JSON indented for a person (`pretty`). Does not own: where they are
+stored (store.py, rollups.py).
 
     dumps({"content": "\\ud83d"})      # '{"content":"\\\\ud83d"}': lossless, and json.loads reads it back
 """
@@ -36,3 +37,13 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def pretty(value: Any) -> str:
+    """`value` as indented JSON, for a person. Indenting recurses in Python, a few frames a level, so a
+    body nested hundreds deep (the proxy accepts what its JSON parser does) comes out compact instead,
+    which the C encoder writes as deep as the parser read."""
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False)
+    except RecursionError:
+        return json.dumps(value, ensure_ascii=False)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -367,7 +368,7 @@ class RecordStore:
         served = ids is not None and ex.token_ids is None
         stored = without_ids(response) if served and not ex.translated and response else response
         received = without_ids(ex.received) if served and ex.received else ex.received
-        budget = ex.budget or {}
+        budget = ex.budget
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
         model = _safe_text(model if isinstance(model, str) else None)
         session = _safe_text(ex.session_id)
@@ -408,8 +409,8 @@ class RecordStore:
                 summary.prompt_tokens,
                 summary.completion_tokens,
                 len(summary.tool_calls),
-                budget.get("prompt_tokens"),
-                _dumps(budget) if budget else None,
+                budget.prompt_tokens if budget is not None else None,
+                _dumps(dataclasses.asdict(budget)) if budget is not None else None,
                 ex.error_class,
                 _safe_text(ex.error_message),
                 _safe_text(ex.user_agent),

@@ -5,7 +5,7 @@ Owns: turning what the user gave into database paths (each glob expanded, each f
 store the last `modeltap serve` wrote to (a one-line state file) for a reader given none, a reader
 for each, finding a session by the first characters of its id across them, and listing and grouping
 across them. A session id found in two stores is two sessions: each row says which store it is from.
-Does not own: reading one store (reader.py), the filters and merging (query.py), printing (view.py).
+Does not own: reading one store (reader.py), the filters and merging (query.py), printing (modeltap/readers).
 
     with Stores.open(["nodes/*/records.db"]) as stores:
         rows = stores.sessions(SessionQuery(limit=50))      # newest first, each with its "store"

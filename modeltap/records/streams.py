@@ -4,7 +4,7 @@ Owns: `stream_events`: the raw SSE bytes when `serve --keep-raw-sse` kept them, 
 exchange's dialect synthesises from the assembled body (the shapes the clients accept:
 docs/agents.md §2.1, §2.2). Synthesised streams carry each text, each tool call's arguments and each block in
 one event: the original chunk boundaries exist only in raw SSE. Does not own: the formats' events
-(modeltap.dialects) or the export formats (export.py).
+(modeltap.dialects) or the export formats (modeltap/exporters).
 """
 
 from __future__ import annotations

@@ -34,12 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from modeltap.dialects.token_ids import TokenIds
+from modeltap.dialects.token_ids import TokenIds, common_prefix
 from modeltap.records.continuity import (
-    Turn,
+    ContinuedTurn,
     break_position,
     classify,
-    common_prefix,
     describe,
     digest,
     message_digests,
@@ -100,7 +99,7 @@ class _Chat:
     """One exchange as OpenAI chat (its dialect's `conversation`): history, digests, tools, reply."""
 
     history: list[Any]
-    turn: Turn
+    turn: ContinuedTurn
 
 
 @dataclass(slots=True)
@@ -113,7 +112,7 @@ class _Tracked:
     prompt_length: int
     completion_length: int
     finish_reason: str | None
-    chat: Turn | None
+    chat: ContinuedTurn | None
     parent: _Tracked | None
 
 
@@ -353,7 +352,7 @@ def _chat(dialect: Dialect, request: Any, response: Any) -> _Chat | None:
     if conversation is None or not conversation.messages:
         return None
     history, reply = conversation.messages[:-1], conversation.messages[-1]
-    turn = Turn(
+    turn = ContinuedTurn(
         message_digests(history), digest(conversation.tools), reply if isinstance(reply, dict) else {}
     )
     return _Chat(history, turn)

@@ -16,10 +16,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from modeltap.exporters.export import write_export
 from modeltap.proxy.server import Proxy
-from modeltap.records.export import write_export
+from modeltap.readers.show import turn_text
+from modeltap.records.jsontext import pretty
 from modeltap.records.reader import StoreReader
-from modeltap.records.view import pretty, turn_text, turns
+from modeltap.records.turns import turns
 from tests.factories import ASK
 from tests.integration.conftest import records
 from tests.integration.test_hostile import http_request, open_session, send_raw
@@ -374,7 +376,9 @@ async def test_every_reader_survives_turns_nested_hundreds_deep(
         for fmt in ("har", "jsonl", "messages"):
             write_export(reader, session.id, fmt, _Text())
     listed = turns(rows, full=True)
-    assert len(listed) == 2 and all(turn_text(turn) for turn in listed) and pretty(listed)
+    assert (
+        len(listed) == 2 and all(turn_text(turn) for turn in listed) and pretty([t.as_json() for t in listed])
+    )
 
 
 # -- the whole class under load --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ modules it holds once an exchange has been counted and recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,7 +31,8 @@ class ModulesProbe:
 
     def on_exchange(self, ex: Exchange) -> None:
         loaded = sorted(name for name in HEAVY_MODULES if name in sys.modules)
-        line = {"budget": ex.budget, "heavy_modules": loaded, "budget_modules": "tiktoken" in sys.modules}
+        budget = dataclasses.asdict(ex.budget) if ex.budget is not None else None
+        line = {"budget": budget, "heavy_modules": loaded, "budget_modules": "tiktoken" in sys.modules}
         with open(os.environ["MODELTAP_PROBE"], "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
 

@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from modeltap.cli import main
+from modeltap.exporters import otlp
 from modeltap.proxy.server import Proxy
-from modeltap.records import otlp
 from tests.factories import ASK, BASH_TOOL, exchange, recorded
 from tests.integration.conftest import records
 from tests.integration.test_proxy_sdks import BASH_ANTHROPIC

@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from modeltap import dialects
+from modeltap.counting.counter import TokenCounter
 from modeltap.proxy.server import Proxy
-from modeltap.proxy.tokens import TokenCounter
 from tests.integration.conftest import records
 from tests.standins.areal import ArealStandIn
 

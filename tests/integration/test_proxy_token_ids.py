@@ -15,8 +15,8 @@ import anthropic
 import openai
 import pytest
 
+from modeltap.exporters.export import write_export
 from modeltap.proxy.server import Proxy
-from modeltap.records.export import write_export
 from modeltap.records.reader import StoreReader
 from tests.factories import ASK, BASH_TOOL
 from tests.standins import token_engine as te

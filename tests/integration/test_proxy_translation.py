@@ -12,8 +12,8 @@ import openai
 import pytest
 
 from modeltap import dialects
+from modeltap.counting.counter import TokenCounter
 from modeltap.proxy.server import Proxy
-from modeltap.proxy.tokens import TokenCounter
 from tests.agents import MODEL, arun_agent, arun_claude, codex_command
 from tests.integration.conftest import records
 from tests.standins import ArealStandIn, OpenAILikeStandIn

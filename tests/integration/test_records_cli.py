@@ -23,13 +23,13 @@ import pytest
 from modeltap import dialects
 from modeltap.cli import main
 from modeltap.dialects.sse import StreamAssembler
+from modeltap.exporters.messages import conversation
 from modeltap.proxy.config import DEFAULT_MAX_BODY_BYTES
 from modeltap.proxy.server import Proxy
-from modeltap.records.export import conversation
-from modeltap.records.mock import load_mock, mock_app
 from modeltap.records.reader import StoreReader
-from modeltap.records.replay import replay
-from modeltap.records.view import turns
+from modeltap.records.turns import turns
+from modeltap.replay.mock import load_mock, mock_app
+from modeltap.replay.replay import replay
 from tests.agents import arun_opencode
 from tests.factories import ASK, BASH_TOOL
 from tests.integration.conftest import records
@@ -379,9 +379,9 @@ async def test_opencode_session_shown_exported_mocked_and_replayed(
     assert len(rows) == 3 and all(r["streamed"] for r in rows)
 
     title, first, second = turns(rows)
-    assert title["reply"] and first["tool_calls"][0]["name"] == "bash"
-    assert second["continues"] == 2 and [m["role"] for m in second["new_messages"]] == ["assistant", "tool"]
-    assert second["tool_results"][0]["content"].strip() == "42" and second["reply"] == "42"
+    assert title.reply and first.tool_calls[0]["name"] == "bash"
+    assert second.continues == 2 and [m["role"] for m in second.new_messages] == ["assistant", "tool"]
+    assert second.tool_results[0]["content"].strip() == "42" and second.reply == "42"
     exported = conversation(rows)
     assert [m["role"] for m in exported["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     assert {t["function"]["name"] for t in exported["tools"]} >= {"bash", "read", "edit"}

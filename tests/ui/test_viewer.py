@@ -1,4 +1,4 @@
-"""modeltap/records/ui: the local viewer in headless Chromium on a session the openai SDK recorded
+"""modeltap/readers/ui: the local viewer in headless Chromium on a session the openai SDK recorded
 through a real Proxy, and its API. Screenshots land in tests/artifacts/ui/."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
-from modeltap.records.ui import viewer_app
+from modeltap.readers.ui import viewer_app
 from tests.factories import ASK, BASH_TOOL
 from tests.standins import token_engine as te
 from tests.standins.openai_like import OpenAILikeStandIn

@@ -1,4 +1,4 @@
-"""modeltap/records/ui: rollouts in the viewer (reward and outcome in the list and the session's
+"""modeltap/readers/ui: rollouts in the viewer (reward and outcome in the list and the session's
 header), the list searched, filtered, sorted and paged on the server, a live poll that asks only for
 what changed, and several stores at once; in headless Chromium and through the API."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from modeltap.readers.ui import viewer_app
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
-from modeltap.records.ui import viewer_app
 from tests.factories import assistant, recorded, rollout, tool_call
 from tests.ui.browser import Browser
 

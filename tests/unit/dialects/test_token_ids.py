@@ -3,13 +3,15 @@ documented shape of vLLM's and SGLang's token ids (docs/engines.md §6), streame
 
 from __future__ import annotations
 
+import random
+from array import array
 from typing import Any
 
 import pytest
 
 from modeltap import dialects
 from modeltap.dialects.sse import StreamAssembler
-from modeltap.dialects.token_ids import TokenIds, without_ids
+from modeltap.dialects.token_ids import TokenIds, common_prefix, without_ids
 from tests.factories import (
     SSE_DONE,
     assistant,
@@ -176,3 +178,20 @@ def test_lists_that_are_not_uint32_ids_are_no_ids_streamed_or_not(garbage: Any) 
     first = chat_chunk({"role": "assistant", "content": TEXT}, "stop", prompt_token_ids=PROMPT)
     first["choices"][0]["token_ids"] = garbage
     assert served("chat", assembled("chat", sse_data(first) + SSE_DONE)) is None
+
+
+def test_common_prefix_matches_a_plain_loop_on_long_and_short_sequences() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        length = rng.choice([0, 1, 5, 1000, 40_000])
+        a = [rng.randrange(150_000) for _ in range(length)]
+        b = list(a)
+        if b and rng.random() < 0.8:
+            b[rng.randrange(len(b))] += 1
+        if rng.random() < 0.3:
+            b = b[: rng.randrange(len(b) + 1)]
+        expected = next(
+            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+        )
+        assert common_prefix(a, b) == expected
+        assert common_prefix(array("I", a), b) == expected

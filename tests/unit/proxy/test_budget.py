@@ -3,6 +3,7 @@ client's field, the canonical error bodies, counting off the loop, and limit dis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -13,10 +14,10 @@ import pytest
 from aiohttp import web
 
 from modeltap import dialects
+from modeltap.counting.counter import TokenCounter
 from modeltap.dialects.base import Dialect
 from modeltap.proxy.budget import Budget, Limits, decide, discover_limits
 from modeltap.proxy.errors import BadRequest
-from modeltap.proxy.tokens import TokenCounter
 from modeltap.proxy.upstream import Upstream
 
 COUNT_TOKENS = dialects.named("count_tokens")
@@ -231,7 +232,7 @@ def test_anthropic_error_body_verbatim() -> None:
 def test_decision_record_and_summary() -> None:
     decision = decide(dialects.named("chat"), CHAT, C, Limits(C), "reject", 1)
     record = decision.as_record()
-    assert record == {
+    assert dataclasses.asdict(record) == {
         "summary": f"rejected {C}+{M}>{C - 1}",
         "action": "reject",
         "prompt_tokens": C,

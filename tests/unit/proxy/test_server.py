@@ -100,7 +100,7 @@ def test_without_the_otlp_extra_the_flag_fails_and_the_variables_alone_only_warn
 ) -> None:
     from modeltap.proxy.server import build_app
 
-    monkeypatch.setitem(sys.modules, "modeltap.records.otlp", None)  # as if the packages were absent
+    monkeypatch.setitem(sys.modules, "modeltap.exporters.otlp", None)  # as if the packages were absent
     with pytest.raises(ValueError, match="--otlp-endpoint: "):
         build_app(config(store_path, otlp_endpoint="http://127.0.0.1:9"))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")

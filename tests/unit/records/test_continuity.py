@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import random
-from array import array
-
 import pytest
 
+from modeltap.dialects.token_ids import common_prefix
 from modeltap.records import continuity
 from modeltap.records.continuity import (
-    Turn,
+    ContinuedTurn,
     classify,
-    common_prefix,
     digest,
     message_digests,
     window,
@@ -19,23 +16,6 @@ from modeltap.records.continuity import (
 
 PROMPT = [1, 10, 11, 12, 2, 3, 1, 20]
 COMPLETION = [30, 31, 2]
-
-
-def test_common_prefix_matches_a_plain_loop_on_long_and_short_sequences() -> None:
-    rng = random.Random(7)
-    for _ in range(200):
-        length = rng.choice([0, 1, 5, 1000, 40_000])
-        a = [rng.randrange(150_000) for _ in range(length)]
-        b = list(a)
-        if b and rng.random() < 0.8:
-            b[rng.randrange(len(b))] += 1
-        if rng.random() < 0.3:
-            b = b[: rng.randrange(len(b) + 1)]
-        expected = next(
-            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-        )
-        assert common_prefix(a, b) == expected
-        assert common_prefix(array("I", a), b) == expected
 
 
 def break_position(expected: list[int], prompt: list[int], **context: object) -> int | None:
@@ -74,11 +54,11 @@ REPLY = {"role": "assistant", "content": "42"}
 TOOLS = digest([{"name": "bash"}])
 
 
-def previous(history: list[dict], reply: dict = REPLY) -> Turn:
-    return Turn(message_digests(history), TOOLS, reply)
+def previous(history: list[dict], reply: dict = REPLY) -> ContinuedTurn:
+    return ContinuedTurn(message_digests(history), TOOLS, reply)
 
 
-def kind_of(before: Turn, history: list[dict], tools: bytes = TOOLS, position: int = 20) -> tuple:
+def kind_of(before: ContinuedTurn, history: list[dict], tools: bytes = TOOLS, position: int = 20) -> tuple:
     return classify(before, history, message_digests(history), tools, position, 10)
 
 

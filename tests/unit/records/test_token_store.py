@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from modeltap.dialects.token_ids import TokenIds
-from modeltap.records.export import write_export
-from modeltap.records.listing import sessions_table
+from modeltap.exporters.export import write_export
+from modeltap.readers.sessions import sessions_table
+from modeltap.readers.show import session_turns, turn_text
 from modeltap.records.reader import StoreReader
 from modeltap.records.schema import SCHEMA_VERSION, migrate
-from modeltap.records.view import session_turns, turn_text, turns
+from modeltap.records.turns import turns
 from tests.factories import chat_completion, exchange, recorded, usage
 from tests.standins import token_engine as te
 from tests.token_sessions import ASK, SYSTEM, TOOLS, served_turn, tool_session
@@ -287,7 +288,8 @@ async def test_show_and_sessions_mark_the_break(tmp_path: Path) -> None:
     assert "continuing #2" in marked and "text came back changed" in marked
     full = turn_text(turns(rows, full=True, tokens=tokens)[2])
     assert "token ids served" in full and "expected" in full and "got" in full
-    assert turns(rows, tokens=tokens)[2]["token_drift"]["turn"] == 3
+    drift = turns(rows, tokens=tokens)[2].token_drift
+    assert drift is not None and drift.turn == 3
 
 
 def test_a_store_of_the_previous_version_migrates(tmp_path: Path) -> None:

@@ -1,0 +1,86 @@
+"""Token ids rendered by the served model's template and tokenizer, for an engine that returns none.
+
+Owns: turning a request's prompt, and the prompt with its reply appended, into the ids the served
+tokenizer makes of them, marked "rendered" (`IdRenderer`, `rendered_ids`). Does not own: asking an
+engine for its own ids or deciding when to render (proxy/token_recorder.py), reading served ids out of
+a response (dialects/token_ids.py), or storing them (records/token_store.py).
+
+    renderer = IdRenderer(counter)                       # off the event loop: it loads the vocabulary
+    ids = rendered_ids(renderer, dialects.named("chat"), request, response)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from modeltap.dialects.base import Dialect
+from modeltap.dialects.token_ids import TokenIds, common_prefix
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from modeltap.counting.counter import TokenCounter
+
+log = logging.getLogger(__name__)
+
+
+class IdRenderer:
+    """Prompt and reply ids made by the served model's template and tokenizer, where the server
+    returns none. The template is the budget's counter's; the encoder is the tokenizer folder's own
+    `tokenizers` model with its vocabulary (Qwen2.5's takes ~80 MB), loaded once, here, because the
+    counter keeps only counts. Build it off the event loop; its methods block."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        from modeltap.counting.tokenizer_files import TokenizerFiles
+
+        self._counter = counter
+        self._tokenizer: Tokenizer = TokenizerFiles.load(counter.tokenizer.folder).tokenizer
+
+    def ids(self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None) -> list[int]:
+        """The ids of `body`'s prompt as the server renders and encodes it; with `reply`, of the
+        conversation with the reply appended and no generation prompt (a completions prompt: its text
+        with the reply's `content` appended). Raises CountError for a body it cannot render."""
+        from modeltap.counting.counter import CountError
+
+        rendered = self._counter.render(dialect, body, reply)
+        if not isinstance(rendered, str):
+            prompt, text = rendered.prompt, (reply or {}).get("content") or ""
+            if not isinstance(prompt, str) or not isinstance(text, str):
+                raise CountError("only a completions prompt of text is rendered into ids")
+            # Servers encode a completions prompt with the tokenizer's special tokens (BOS).
+            return list(self._tokenizer.encode(prompt + text, add_special_tokens=True).ids)
+        # The template writes BOS itself where the model has one (docs/token-budgets.md §5.2).
+        return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
+
+    def decode_each(self, ids: list[int]) -> list[str]:
+        """Each id's text on its own (special tokens included), for showing where two id sequences
+        part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
+        return [self._tokenizer.decode([token], skip_special_tokens=False) for token in ids]
+
+
+def rendered_ids(
+    renderer: IdRenderer, dialect: Dialect, request: dict[str, Any], response: Any
+) -> TokenIds | None:
+    """The prompt as the template renders it (with the generation prompt), and the completion as what
+    the template adds for the reply after it. Blocking."""
+    from modeltap.counting.counter import CountError
+
+    if isinstance(response, bytes):
+        try:
+            response = json.loads(response)
+        except ValueError:
+            return None
+    if not isinstance(response, dict):
+        return None
+    conversation = dialect.conversation(request, response)
+    reply = conversation.messages[-1] if conversation is not None else {"content": dialect.read(response)[1]}
+    try:
+        prompt = renderer.ids(dialect, request)
+        full = renderer.ids(dialect, request, reply)
+    except CountError as exc:
+        log.debug("no rendered token ids: %s", exc)
+        return None
+    shared = common_prefix(prompt, full)
+    return TokenIds(prompt, full[shared:], None, "rendered")

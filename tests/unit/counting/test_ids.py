@@ -1,0 +1,50 @@
+"""modeltap/counting/ids.py: ids rendered by the served template and tokenizer (the engine gave none)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from modeltap import dialects
+from modeltap.counting.counter import TokenCounter
+from modeltap.counting.ids import IdRenderer, rendered_ids
+from tests.factories import ASK, BASH_TOOL, assistant, chat_completion, tool_call, usage
+
+
+@pytest.fixture(scope="module")
+def renderer(qwen_dir: str) -> IdRenderer:
+    return IdRenderer(TokenCounter.load(qwen_dir))
+
+
+def test_rendered_ids_are_the_prompt_and_what_the_template_adds_for_the_reply(renderer: IdRenderer) -> None:
+    chat = dialects.named("chat")
+    body = {"model": "m", "messages": [ASK], "tools": [BASH_TOOL]}
+    reply = assistant(None, tool_call("c1", "bash", '{"command": "echo $((6 * 7))"}'))
+    ids = rendered_ids(
+        renderer, chat, body, json.dumps(chat_completion(reply, "tool_calls", usage=usage(1, 1))).encode()
+    )
+    assert ids is not None and ids.source == "rendered"
+    assert ids.prompt == renderer.ids(chat, body)
+    assert ids.prompt + ids.completion == renderer.ids(
+        chat, body, {k: v for k, v in reply.items() if v is not None}
+    )
+    text = "".join(renderer.decode_each(ids.completion))
+    assert "<tool_call>" in text and "echo $((6 * 7))" in text and text.rstrip().endswith("<|im_end|>")
+
+
+def test_a_reply_that_is_not_json_renders_nothing(renderer: IdRenderer) -> None:
+    chat = dialects.named("chat")
+    assert rendered_ids(renderer, chat, {"model": "m", "messages": [ASK]}, b"<html>") is None
+    assert rendered_ids(renderer, chat, {"model": "m", "messages": "not a list"}, {"choices": []}) is None
+
+
+def test_a_completions_prompt_of_text_renders_as_the_server_encodes_it(renderer: IdRenderer) -> None:
+    completions = dialects.named("completions")
+    reply = {"choices": [{"index": 0, "text": " world", "finish_reason": "stop"}]}
+    ids = rendered_ids(renderer, completions, {"model": "m", "prompt": "Hello"}, reply)
+    assert ids is not None and "".join(renderer.decode_each(ids.prompt + ids.completion)).endswith(
+        "Hello world"
+    )
+    # A prompt of token ids has no text to render: no ids.
+    assert rendered_ids(renderer, completions, {"model": "m", "prompt": [1, 2]}, reply) is None

@@ -1,0 +1,131 @@
+"""modeltap/exporters/otlp.py without a backend: the span object a call becomes, the resource, and how
+losses are counted and reported. The pipeline against live, failing and hanging backends is
+tests/integration/test_otlp_export.py."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from opentelemetry.trace import SpanKind, StatusCode
+
+from modeltap.exporters import otlp
+from modeltap.exporters.genai import Call
+from modeltap.records.exchange import BudgetRecord
+from tests.factories import ASK, exchange
+
+STARTED = 1764457200.0
+
+
+def span(**fields: Any) -> Any:
+    settings = {"started": STARTED, "ended": STARTED + 0.5, "session_id": "s-1"}
+    ex = exchange({"model": "policy", "messages": [ASK]}, None, **(settings | fields))
+    return otlp.span_of(Call.of_exchange(ex, content=False), otlp._resource(), content=False)
+
+
+def test_a_span_is_a_client_span_at_the_exchanges_times_with_ids_drawn_from_its_id() -> None:
+    first = span(id="a" * 32, budget=BudgetRecord("passed 12+1<=100", "pass", prompt_tokens=12))
+    assert (first.name, first.kind, first.start_time, first.end_time) == (
+        "chat policy",
+        SpanKind.CLIENT,
+        1764457200_000000000,
+        1764457200_500000000,
+    )
+    assert first.status.status_code is StatusCode.UNSET and first.parent is None
+    (event,) = first.events
+    assert (event.name, event.timestamp, dict(event.attributes or {})) == (
+        "modeltap.budget",
+        first.start_time,
+        {
+            "modeltap.budget.summary": "passed 12+1<=100",
+            "modeltap.budget.action": "pass",
+            "modeltap.budget.prompt_tokens": 12,
+        },
+    )
+    again, other = span(id="a" * 32), span(id="b" * 32)
+    assert (again.context.trace_id, again.context.span_id) == (first.context.trace_id, first.context.span_id)
+    assert other.context.trace_id != first.context.trace_id and other.context.span_id != first.context.span_id
+
+
+def test_a_failed_exchange_has_an_error_status_naming_its_class() -> None:
+    failed = span(status=502, error_class="upstream_error", error_message="connection refused")
+    assert (failed.status.status_code, failed.status.description) == (StatusCode.ERROR, "upstream_error")
+
+
+def test_the_resource_names_modeltap_and_the_host_unless_the_otel_variables_say_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    plain = otlp._resource().attributes
+    assert plain["service.name"] == "modeltap" and plain["service.version"] and plain["host.name"]
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "rollouts")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "host.name=node-7,run=r42")
+    named = otlp._resource().attributes
+    assert (named["service.name"], named["host.name"], named["run"]) == ("rollouts", "node-7", "r42")
+
+
+def test_losses_are_logged_at_most_once_per_interval_and_at_the_end(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(otlp.time, "monotonic", lambda: now[0])
+    tally = otlp.Tally()
+    with caplog.at_level(logging.WARNING, logger=otlp.__name__):
+        tally.exported, tally.dropped = 10, 3
+        tally.report()
+        tally.failed = 5
+        now[0] += otlp.REPORT_INTERVAL_S / 2
+        tally.report()  # too soon: held
+        now[0] += otlp.REPORT_INTERVAL_S / 2
+        tally.report()
+        tally.report(final=True)  # nothing new: nothing to say
+    assert [r.getMessage() for r in caplog.records] == [
+        "otlp: 3 spans lost (3 dropped with the export queue full, 0 not taken by the backend, "
+        "0 unsent at stop), 10 exported, in the last 60 s",
+        "otlp: 5 spans lost (0 dropped with the export queue full, 5 not taken by the backend, "
+        "0 unsent at stop), 0 exported, in the last 60 s",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("order", "counts"),
+    [
+        # (exported, failed, abandoned) for 10 spans queued, whichever comes first: the worker
+        # finishing the batch, or the stop giving up on it.
+        (("fail", "give up"), (0, 10, 0)),
+        (("give up", "fail"), (0, 0, 10)),
+        (("give up", "send"), (10, 0, 0)),
+        (("send", "give up"), (10, 0, 0)),
+    ],
+)
+def test_a_span_is_counted_once_whether_the_worker_or_the_stop_settles_it_first(
+    order: tuple[str, str], counts: tuple[int, int, int]
+) -> None:
+    tally = otlp.Tally(queued=10)
+    for step in order:
+        if step == "give up":
+            tally.give_up()
+        else:
+            tally.settle(10, sent=step == "send")
+    assert (tally.exported, tally.failed, tally.abandoned) == counts and tally.waiting == 0
+
+
+def test_an_exchange_before_start_or_after_close_is_counted_dropped() -> None:
+    export = otlp.OtlpExport("http://127.0.0.1:9/v1/traces")
+    export.on_exchange(exchange({"model": "m", "messages": [ASK]}, None))
+    assert (export.tally.dropped, export.tally.queued) == (1, 0)
+
+
+def test_the_exporters_own_warnings_pass_once_per_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(otlp.time, "monotonic", lambda: now[0])
+    quieter = otlp._Quieter()
+    record = logging.LogRecord(otlp._EXPORTER_LOGGER, logging.WARNING, __file__, 1, "retrying", None, None)
+    passed = [quieter.filter(record)]
+    now[0] += otlp.REPORT_INTERVAL_S - 1
+    passed.append(quieter.filter(record))
+    now[0] += 1
+    passed.append(quieter.filter(record))
+    assert passed == [True, False, True]
