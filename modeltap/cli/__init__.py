@@ -1,6 +1,6 @@
-"""The `modeltap` command: parses arguments and calls the library (main.py), and writes shell completion
+"""The `modeltap` command: parses arguments and calls the library (commands.py), and writes shell completion
 scripts from the same parser (completion.py)."""
 
-from modeltap.cli.main import main
+from modeltap.cli.commands import main
 
 __all__ = ["main"]

@@ -1,10 +1,13 @@
-"""The answer to the client, once the upstream has replied: a body relayed whole, a stream relayed
-chunk by chunk (as it is, or translated) with a copy to its assembler, a chat answer translated into
-the client's format, or a stream written from a JSON answer for a client that asked for one.
+"""The answer to the client: a body relayed whole, a stream relayed chunk by chunk (as it is, or
+translated) with a copy to its assembler, a chat answer translated into the client's format, a stream
+written from a JSON answer for a client that asked for one, or modeltap's own error in the client's
+shape.
 
 Owns: writing the response and noting on the draft what the client got and how the exchange ended
-(complete, broken by the upstream, cut by the client). Does not own: sending upstream (relay.py,
-upstream.py), assembling streams (dialects/sse.py) or translating (translate.py).
+(complete, broken by the upstream, cut by the client). A writer stops before the end of a streamed
+response: relay.py hands the exchange to the observers first (so that `--sync` commits before the
+client sees the end), then ends it. Does not own: sending upstream (relay.py, upstream.py),
+assembling streams (dialects/sse.py) or translating (translate.py).
 """
 
 from __future__ import annotations
@@ -15,49 +18,59 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import hdrs, web
+from multidict import CIMultiDict
 
 from modeltap.compat.layouts import classify, parse_error
-from modeltap.proxy.errors import ProxyError, UpstreamUnreachable
-from modeltap.proxy.headers import budget_header, response_headers
-from modeltap.proxy.translate import StreamTap, Translation, synthesised
-from modeltap.proxy.upstream import Reply, Upstream
+from modeltap.proxy.errors import InternalError, ProxyError, UpstreamUnreachable, error_bytes
+from modeltap.proxy.headers import HOP_BY_HOP
+from modeltap.proxy.translate import PassThrough, Transforming, Translation, synthesised
+from modeltap.proxy.upstream import Reply, StreamedReply, WholeReply
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
 
 if TYPE_CHECKING:
     from modeltap.proxy.flow import Flow
 
+# The upstream's response headers that describe its encoding or framing, which the relay changes.
+_RESPONSE_DROP = HOP_BY_HOP | {"content-encoding", "date", "server"}
+_SSE_HEADERS = {hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8", hdrs.CACHE_CONTROL: "no-cache"}
 
-async def relay_body(flow: Flow, upstream: Upstream, reply: Reply) -> web.Response:
+
+async def relay_body(flow: Flow, reply: WholeReply) -> web.Response:
     """Non-streamed: the body as the upstream sent it (decoded), noted for the record."""
-    draft = flow.draft
-    body = reply.body if reply.body is not None else await upstream.read(reply.response)
+    draft, body = flow.draft, reply.body
     draft.first_byte = time.time()
     draft.response_body = body  # parsed for the record by the store's writer, not here
     status = reply.response.status
     if status >= 400:
         draft.fail(classify(status, body), parse_error(status, body).message[:RESPONSE_TEXT_MAX_CHARS])
-    return web.Response(status=status, body=body, headers=response_headers(flow, reply))
+    return web.Response(status=status, body=body, headers=_response_headers(flow, reply))
 
 
-async def relay_stream(flow: Flow, upstream: Upstream, reply: Reply, tap: StreamTap) -> web.StreamResponse:
+async def relay_stream(
+    flow: Flow, reply: StreamedReply, tap: PassThrough | Transforming
+) -> web.StreamResponse:
     """Streamed: every chunk to the client as it arrives (through `tap`: as it is, or translated), a
     copy to the assembler. What arrived is recorded however the stream ends: complete, broken by the
     upstream, or cut by the client."""
     draft, request = flow.draft, flow.request
     draft.streamed = True
     raw: list[bytes] | None = [] if flow.ctx.config.keep_raw_sse else None
-    headers = response_headers(flow, reply)
-    response = flow.stream = web.StreamResponse(status=reply.response.status, headers=headers)
+    response = flow.stream = web.StreamResponse(
+        status=reply.response.status, headers=_response_headers(flow, reply)
+    )
     await response.prepare(request)
-    upstream_broke = False
     try:
-        async for chunk in upstream.chunks(reply.response):
+        async for chunk in reply.chunks():
             if draft.first_byte is None:
                 draft.first_byte = time.time()
-            out = tap.relay(chunk)
-            if out:
-                await response.write(out)
-            tap.keep(chunk)
+            if tap.transforms:
+                out = tap.relay(chunk)
+                if out:
+                    await response.write(out)
+            else:
+                out = chunk
+                await response.write(chunk)
+                tap.keep(chunk)
             if raw is not None:
                 raw.append(out)
         out = tap.end()
@@ -66,7 +79,10 @@ async def relay_stream(flow: Flow, upstream: Upstream, reply: Reply, tap: Stream
             if raw is not None:
                 raw.append(out)
     except ProxyError as err:
-        upstream_broke = True
+        # Passed on by `end` as a cut connection: a clean end would read as a complete (if short)
+        # answer to SDKs that do not check for the final event (the openai SDK ends such a stream
+        # silently).
+        flow.cut = True
         draft.fail(err.error_class, f"the upstream stream broke: {err.message}")
     except ConnectionError:  # a write to a client that left
         client_left(draft, tap.complete)
@@ -82,42 +98,29 @@ async def relay_stream(flow: Flow, upstream: Upstream, reply: Reply, tap: Stream
             draft.raw_sse = b"".join(raw)
     if result.error is not None:
         draft.fail("upstream_error", result.error)
-    await flow.deliver()  # before the end of the response, so that `--sync` commits first
-    if upstream_broke and request.transport is not None:
-        # Pass the break on: a clean end would read as a complete (if short) answer to SDKs that do
-        # not check for the final event (the openai SDK ends such a stream silently).
-        request.transport.abort()
-    elif not draft.client_disconnected:
-        try:
-            await response.write_eof()
-        except ConnectionError:
-            pass  # the client left after the last chunk; the record already holds all of it
     return response
 
 
 async def relay_translated(
-    flow: Flow, upstream: Upstream, reply: Reply, translation: Translation
+    flow: Flow, reply: WholeReply | StreamedReply, translation: Translation
 ) -> web.StreamResponse:
     """A chat upstream's answer in the client's format: its errors in the client's shape, its stream
     translated chunk by chunk, its JSON body translated (as a stream when the client asked for one)."""
     ctx, draft = flow.ctx, flow.draft
     status = reply.response.status
-    if status < 400 and reply.response.content_type == "text/event-stream":
+    if isinstance(reply, StreamedReply):
         stream = translation.stream()
-        response = await relay_stream(flow, upstream, reply, stream)
+        response = await relay_stream(flow, reply, stream)
         if stream.complete:
             translation.remember(ctx.chains, draft.session_id, draft.received, draft.response)
         return response
-    raw = reply.body if reply.body is not None else await upstream.read(reply.response)
+    raw = reply.body
     draft.first_byte = time.time()
     if status >= 400:
         answered, body, said = translation.error(status, raw)
         draft.status = answered
         draft.fail(classify(status, raw), said.message[:RESPONSE_TEXT_MAX_CHARS])
-        draft.response = json.loads(body)
-        return web.Response(
-            status=answered, body=body, content_type="application/json", headers=budget_header(flow)
-        )
+        return _error_answer(flow, answered, body)
     try:
         chat = json.loads(raw)
     except ValueError:
@@ -133,19 +136,17 @@ async def relay_translated(
         return await write_events(flow, events, answer)
     draft.response = translation.reply(chat)
     translation.remember(ctx.chains, draft.session_id, chat, draft.response)
-    return web.json_response(draft.response, headers=budget_header(flow))
+    return web.json_response(draft.response, headers=flow.answer_headers)
 
 
 async def relay_synthesised(
-    flow: Flow, upstream: Upstream, reply: Reply, request_body: dict[str, Any]
+    flow: Flow, reply: WholeReply, request_body: dict[str, Any]
 ) -> web.StreamResponse:
     """A JSON answer to a request that asked for a stream, given to the client as the stream its format
     defines; relayed whole when it is not a JSON object."""
-    raw = reply.body if reply.body is not None else await upstream.read(reply.response)
-    made = synthesised(flow.dialect, request_body, raw)
+    made = synthesised(flow.dialect, request_body, reply.body)
     if made is None:
-        reply.body = raw
-        return await relay_body(flow, upstream, reply)
+        return await relay_body(flow, reply)
     flow.draft.first_byte = time.time()
     return await write_events(flow, *made)
 
@@ -154,20 +155,51 @@ async def write_events(flow: Flow, events: list[bytes], body: dict[str, Any] | N
     """A stream modeltap wrote itself from a whole answer, in one write; recorded as synthesised."""
     draft, request = flow.draft, flow.request
     draft.streamed, draft.synthesised, draft.stream_complete, draft.response = True, True, True, body
-    headers = {hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8", hdrs.CACHE_CONTROL: "no-cache"}
-    response = flow.stream = web.StreamResponse(status=200, headers=headers | budget_header(flow))
+    response = flow.stream = web.StreamResponse(status=200, headers=_SSE_HEADERS | flow.answer_headers)
     await response.prepare(request)
     try:
         await response.write(b"".join(events))
     except ConnectionError:
         client_left(draft, complete=False)
-    await flow.deliver()
-    if not draft.client_disconnected:
-        try:
-            await response.write_eof()
-        except ConnectionError:
-            pass  # Codex hangs up once it has its final event (docs/agents.md §6.5)
     return response
+
+
+def refusal(flow: Flow, err: ProxyError) -> web.Response:
+    """A proxy-made error in the client's dialect, noted on the record. A message that quotes the
+    request (a path, a field) has any known session token in it masked."""
+    err.message = flow.ctx.sessions.mask(err.message)
+    draft = flow.draft
+    draft.status = err.status
+    draft.fail(err.error_class, err.message)
+    return _error_answer(flow, err.status, error_bytes(err, flow.dialect))
+
+
+def _error_answer(flow: Flow, status: int, body: bytes) -> web.Response:
+    """An error body of modeltap's making, in the client's shape; the record keeps it parsed."""
+    flow.draft.response = json.loads(body)
+    return web.Response(
+        status=status, body=body, content_type="application/json", headers=flow.answer_headers
+    )
+
+
+def unexpected(flow: Flow, exc: Exception) -> web.StreamResponse:
+    """The answer to an exception no stage expected: a 500 in the client's shape, or, once a stream
+    has begun and its status is sent, the stream marked to be cut, so the client sees the break."""
+    err = InternalError(f"modeltap failed on this request ({type(exc).__name__}: {exc}); see the serve log")
+    if flow.stream is None or not flow.stream.prepared:
+        return refusal(flow, err)
+    flow.draft.fail(err.error_class, err.message)
+    flow.cut = True
+    return flow.stream
+
+
+def _response_headers(flow: Flow, reply: Reply) -> CIMultiDict[str]:
+    """The upstream's headers less those that described its framing, and what every answer to this
+    request carries (`Flow.answer_headers`)."""
+    kept = ((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+    headers: CIMultiDict[str] = CIMultiDict(kept)
+    headers.update(flow.answer_headers)
+    return headers
 
 
 def client_left(draft: ExchangeDraft, complete: bool) -> None:

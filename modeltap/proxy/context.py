@@ -57,6 +57,8 @@ class ProxyContext:
     auto_first: Literal["areal", "openai"] = field(
         default_factory=lambda: installed_capabilities().auto_first
     )
+    # The configured upstream (`--upstream`), pooled at start: most requests go there.
+    default_upstream: Upstream | None = None
     _upstreams: dict[str, Upstream] = field(default_factory=dict)
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
 

@@ -1,10 +1,10 @@
-"""The headers of one exchange, both ways: what goes upstream (the client's, less hop-by-hop ones,
-path overrides and credentials that are not the upstream's, with the upstream's key) and what comes
-back to the client (the upstream's, less those that described its framing, with the budget's
-decision); and the query as it goes upstream (less any session token).
+"""The headers and query a request goes upstream with: the client's headers less hop-by-hop ones,
+path overrides and credentials that are not the upstream's, with the upstream's key; the query less
+any session token; and the header every budgeted answer carries.
 
-Owns: which headers are dropped and why. Does not own: choosing the upstream or its key (relay.py),
-or what a format's credential headers are (its dialect).
+Owns: which request headers are dropped and why, and the hop-by-hop set both directions drop. Does
+not own: choosing the upstream or its key (relay.py), what a format's credential headers are (its
+dialect), or the headers of the answer to the client (answers.py).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from multidict import CIMultiDict
 
 from modeltap.compat.clients import presented_key
 from modeltap.dialects.base import Dialect
-from modeltap.proxy.upstream import Reply
+from modeltap.records.exchange import BudgetRecord
 
 if TYPE_CHECKING:
     from modeltap.proxy.flow import Flow, Target
 
 # Never forwarded in either direction (RFC 9110 §7.6.1), plus the ones aiohttp recomputes itself.
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
         hdrs.CONNECTION,
@@ -49,8 +49,6 @@ _BODY_FRAMING = frozenset(("content-encoding",))
 # aiohttp decodes gzip and deflate on its own; asking the upstream for only these keeps every body
 # readable for the record (Claude Code asks for br and zstd too: docs/agents.md §4.3).
 UPSTREAM_ACCEPT_ENCODING = "gzip, deflate"
-# Response headers that describe the upstream's encoding or framing, which the relay changes.
-_RESPONSE_DROP = _HOP_BY_HOP | {"content-encoding", "date", "server"}
 # The header every budgeted answer carries: what the budget decided, in a few characters.
 BUDGET_HEADER = "x-modeltap-budget"
 
@@ -67,7 +65,7 @@ def upstream_headers(
         for token in request.headers.getall(hdrs.CONNECTION, ())
         for token in token.split(",")
     }
-    dropped = _HOP_BY_HOP | _PATH_OVERRIDES | _BODY_FRAMING | named | {"accept-encoding"}
+    dropped = HOP_BY_HOP | _PATH_OVERRIDES | _BODY_FRAMING | named | {"accept-encoding"}
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
         lower = name.lower()
@@ -85,18 +83,16 @@ def upstream_headers(
     return out
 
 
-def response_headers(flow: Flow, reply: Reply) -> CIMultiDict[str]:
-    """The upstream's headers less those that described its framing, and the budget's decision."""
-    kept = ((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
-    headers: CIMultiDict[str] = CIMultiDict(kept)
-    headers.update(budget_header(flow))
-    return headers
+def outbound(flow: Flow, target: Target, dialect: Dialect) -> tuple[CIMultiDict[str], str]:
+    """The headers (`upstream_headers`) and the query (`forwarded_query`) a request of `dialect` (the
+    client's, or chat for a translation) goes upstream with."""
+    headers = upstream_headers(flow.request, target, dialect, translated=dialect is not flow.dialect)
+    return headers, forwarded_query(flow)
 
 
-def budget_header(flow: Flow) -> dict[str, str]:
-    """`x-modeltap-budget: clamped 4000->3086` on every answer the budget decided on."""
-    budget = flow.draft.budget
-    return {BUDGET_HEADER: budget.summary} if budget is not None else {}
+def budget_headers(decision: BudgetRecord) -> dict[str, str]:
+    """`x-modeltap-budget: clamped 4000->3086`: what every answer to a budgeted request carries."""
+    return {BUDGET_HEADER: decision.summary}
 
 
 def forwarded_query(flow: Flow) -> str:

@@ -1,17 +1,19 @@
 """Forwards one exchange, in fixed stages:
 
-    route -> identify the session -> read the body -> budget -> rewrite headers -> relay -> seal
+    route -> identify the session -> read the body -> name it -> budget -> send -> answer -> seal -> end
 
 Paths are resolved in routes.py, every format's particulars asked of its dialect (modeltap.dialects),
 token budgets decided in budget.py, what to ask an engine for its token ids (or render) in
-token_recorder.py, streams assembled in dialects/sse.py, upstream paths and client errors handled in
-upstream.py, a format the upstream does not serve translated through chat and a stream made for a
-client that asked for one in translate.py, and the sealed exchange handed to the observers
-(observers.py; the record store is the first). Within the relay, the request's state lives in flow.py,
-its body is read in request_body.py, headers are rewritten both ways in headers.py, and the answer is
-written to the client in answers.py. This module only wires the stages together for one request, and
-is the one boundary for failures: whatever a stage did not expect is answered 500 in the client's
-shape and recorded as `proxy_error`, and the server keeps serving.
+token_recorder.py, streams assembled in dialects/sse.py, upstream paths, reading replies and client
+errors handled in upstream.py, a format the upstream does not serve translated through chat and a
+stream made for a client that asked for one in translate.py. Within the relay, the request's state
+lives in flow.py, its body is read in request_body.py, its upstream headers are written in
+headers.py, and the answer is written to the client in answers.py, which stops before the end of a
+stream. This module wires the stages together for one request; seals the exchange and hands it to
+the observers (observers.py; the record store is the first), here and only here, once the answer is
+written; then ends the response, so that `--sync` commits before the client sees the end. It is the
+one boundary for failures: whatever a stage did not expect is answered 500 in the client's shape and
+recorded as `proxy_error`, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -25,30 +27,37 @@ from urllib.parse import quote
 
 from aiohttp import HttpVersion10, hdrs, web
 
-from modeltap.compat.clients import credential_values, presented_key
+from modeltap import dialects
+from modeltap.compat.clients import credential_values, presented_key, retry_count
 from modeltap.dialects.base import Dialect
-from modeltap.proxy.answers import relay_body, relay_stream, relay_synthesised, relay_translated
+from modeltap.proxy.answers import (
+    refusal,
+    relay_body,
+    relay_stream,
+    relay_synthesised,
+    relay_translated,
+    unexpected,
+)
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.errors import (
     BadRequest,
-    InternalError,
     MethodNotAllowed,
     NotFound,
     NotImplemented_,
     ProxyError,
     Unauthorized,
     UpstreamUnreachable,
-    error_bytes,
 )
 from modeltap.proxy.flow import Flow, Target
-from modeltap.proxy.headers import budget_header, forwarded_query, upstream_headers
+from modeltap.proxy.headers import budget_headers, outbound
 from modeltap.proxy.naming import NamingError, client_labels, names_for
 from modeltap.proxy.request_body import read_body
 from modeltap.proxy.routes import Route, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
 from modeltap.proxy.translate import CHAT, Translation, Untouched
-from modeltap.proxy.upstream import Reply
+from modeltap.proxy.upstream import StreamedReply, WholeReply
+from modeltap.records.exchange import ExchangeDraft
 
 log = logging.getLogger(__name__)
 
@@ -58,33 +67,89 @@ _SESSION_GONE = (
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
-    """The aiohttp handler for every relayed path."""
-    flow = Flow(request.app[CONTEXT], request)
+    """The aiohttp handler for every relayed path: the answer, then the exchange sealed and handed to
+    the observers (here, and only here), then the end of the response."""
+    ctx = request.app[CONTEXT]
+    query = request.rel_url.raw_query_string
+    # The path as recorded: decoded, so that a token sent percent-encoded is masked too, with the query
+    # as sent.
+    path = ctx.sessions.masked_path(f"{request.path}?{query}" if query else request.path)
+    draft = ExchangeDraft(
+        method=request.method,
+        path=path,
+        user_agent=request.headers.get(hdrs.USER_AGENT),
+        retry_count=retry_count(request.headers),
+    )
+    flow = Flow(ctx, request, draft, dialects.for_error(request.path))
+    try:
+        response = await _answer(flow)
+        await _deliver(flow)
+    except asyncio.CancelledError:
+        # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
+        # us. The record must outlive this handler, so the proxy's task owner delivers it.
+        if not flow.handed_over:
+            flow.draft.client_disconnected = True
+            flow.draft.fail(
+                "client_disconnect", "the client closed the connection before the response was complete"
+            )
+            flow.ctx.tasks.spawn(_deliver(flow), "record-disconnected")
+        raise
+    return await _end(flow, response)
+
+
+async def _answer(flow: Flow) -> web.StreamResponse:
+    """The answer to the request: the upstream's, or modeltap's own refusal, either in the client's
+    shape. The one boundary for failures: whatever a stage did not expect is answered 500 and recorded
+    as `proxy_error`, and the server keeps serving."""
     draft = flow.draft
     try:
         response = await _exchange(flow)
         if draft.status is None:
             draft.status = response.status
+        return response
     except ProxyError as err:
         if draft.session_id is None:
             # A session asking for a control route is worth finding in its own records.
-            token = session_token(request.path) or presented_key(request.headers) or ""
+            token = session_token(flow.request.path) or presented_key(flow.request.headers) or ""
             _note_session(flow, flow.ctx.sessions.by_token(token))
-        response = _error_response(flow, err)
-    except asyncio.CancelledError:
-        # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
-        # us. The record must outlive this handler, so its owner delivers it.
-        if not flow.delivered:
-            draft.client_disconnected = True
-            draft.fail(
-                "client_disconnect", "the client closed the connection before the response was complete"
-            )
-            flow.deliver_later()
-        raise
+        return refusal(flow, err)
     except Exception as exc:  # the boundary: anything a stage did not expect, answered and recorded
-        log.exception("modeltap failed on %s %s (exchange %s)", request.method, draft.path, draft.id)
-        response = _unexpected(flow, exc)
-    await flow.deliver()
+        log.exception("modeltap failed on %s %s (exchange %s)", flow.request.method, draft.path, draft.id)
+        return unexpected(flow, exc)
+
+
+async def _deliver(flow: Flow) -> None:
+    """Seal the exchange and hand it to the observers, once. It counts as handed over as soon as every
+    observer was called, before any is awaited (observers.py), so a cancellation then loses nothing.
+    With `render_ids`, the token ids of a successful answer are rendered first (the upstream returns
+    none)."""
+    if flow.handed_over:
+        return
+    draft, recorder = flow.draft, flow.ctx.token_ids
+    if flow.render_ids and recorder is not None and draft.status == 200 and draft.error_class is None:
+        # What went upstream and what came back, in the upstream's format (chat, translated).
+        upstream = CHAT if draft.translated else flow.dialect
+        answer = draft.received if draft.translated else draft.response
+        reply = answer if answer is not None else draft.response_body
+        draft.token_ids = await recorder.render(upstream, draft.upstream_body or {}, reply)
+    flow.handed_over = True
+    await flow.ctx.observers.exchange(draft.seal())
+
+
+async def _end(flow: Flow, response: web.StreamResponse) -> web.StreamResponse:
+    """End a streamed response once its exchange was handed over: cut the connection when the stream
+    broke (the client must see the break), else write its end unless the client already left. A whole
+    response needs nothing: aiohttp sends it when the handler returns."""
+    if response is not flow.stream:
+        return response
+    if flow.cut:
+        if flow.request.transport is not None:
+            flow.request.transport.abort()
+    elif not flow.draft.client_disconnected:
+        try:
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client left after the last chunk (Codex hangs up once it has its final event)
     return response
 
 
@@ -150,13 +215,12 @@ async def _forward(
     draft.upstream_url = ctx.sessions.mask(reply.url)
     draft.status = reply.response.status
     if translation is not None:
-        return await relay_translated(flow, target.upstream, reply, translation)
-    # Only the generating formats stream; anything else that claims to is relayed whole.
-    if reply.response.content_type == "text/event-stream" and dialect.streams:
-        return await relay_stream(flow, target.upstream, reply, Untouched(dialect))
+        return await relay_translated(flow, reply, translation)
+    if isinstance(reply, StreamedReply):
+        return await relay_stream(flow, reply, Untouched(dialect))
     if body is not None and body.get("stream") is True and dialect.streams and reply.response.status == 200:
-        return await relay_synthesised(flow, target.upstream, reply, body)
-    return await relay_body(flow, target.upstream, reply)
+        return await relay_synthesised(flow, reply, body)
+    return await relay_body(flow, reply)
 
 
 async def _payload(
@@ -176,6 +240,7 @@ async def _payload(
     if ctx.budget is not None and dialect.completion_field(sent) is not None:
         decision = await ctx.budget.apply(dialect, sent, raw or None, refuse_as=flow.dialect)
         draft.budget = decision.as_record()
+        flow.answer_headers = budget_headers(draft.budget)
         if decision.error is not None:
             raise decision.error
         if decision.body is not None:
@@ -198,7 +263,7 @@ async def _ask_token_ids(
     upstream's engine for its token ids; or, when it returns none, the payload as it is and the
     exchange marked for rendering."""
     draft = flow.draft
-    body = draft.sent if draft.sent is not None else draft.request_json or {}
+    body = draft.upstream_body or {}
     probe = {"Authorization": f"Bearer {target.key}"} if target.key else {}
     if not probe and target.pass_client_credentials and hdrs.AUTHORIZATION in flow.request.headers:
         probe = {"Authorization": flow.request.headers[hdrs.AUTHORIZATION]}
@@ -218,17 +283,16 @@ async def _send(
     payload: bytes | None,
     dialect: Dialect,
     extra: Mapping[str, str],
-) -> Reply:
+) -> WholeReply | StreamedReply:
     """The upstream's reply for `dialect`'s route (the client's, or chat for a translation), with the
     `extra` headers the token-id stage asks for. Raises NotFound when the upstream does not serve the
     route."""
-    request = flow.request
-    headers = upstream_headers(request, target, dialect, translated=dialect is not flow.dialect)
+    headers, query = outbound(flow, target, dialect)
     headers.update(extra)
     return await target.upstream.send(
         dialect,
-        request.method,
-        forwarded_query(flow),
+        flow.request.method,
+        query,
         headers,
         payload,
         # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
@@ -270,20 +334,21 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
                 break
             if ctx.sessions.was_closed(presented):
                 raise Unauthorized(_SESSION_GONE)
+    default = ctx.default_upstream
     if session is not None:
-        url = session.upstream or config.upstream
         key = session.upstream_key if session.upstream_key is not None else config.upstream_key
-        if url is None:
+        upstream = ctx.upstream(session.upstream) if session.upstream else default
+        if upstream is None:
             raise UpstreamUnreachable(f"session {session.id} has no upstream and modeltap has no --upstream")
-        return Target(ctx.upstream(url), key, False, session)
-    if config.upstream is None:
+        return Target(upstream, key, False, session)
+    if default is None:
         raise UpstreamUnreachable(
             "modeltap has no default upstream: start it with --upstream URL, or use a session URL"
         )
     if config.upstream_key is None:
-        return Target(ctx.upstream(config.upstream), None, True, None)
+        return Target(default, None, True, None)
     if ctx.loopback_only or config.lend_key_to_anonymous:
-        return Target(ctx.upstream(config.upstream), config.upstream_key, False, None)
+        return Target(default, config.upstream_key, False, None)
     raise Unauthorized(
         "modeltap listens beyond loopback and lends its upstream key only to session tokens: use the "
         "session base URL printed by `modeltap serve` (…/s/TOKEN), or open a session with "
@@ -295,29 +360,3 @@ def _note_session(flow: Flow, session: Session | None) -> None:
     if session is not None:
         flow.draft.session_id = session.id
         flow.draft.labels = client_labels(flow.request.headers) | session.labels
-
-
-def _error_response(flow: Flow, err: ProxyError) -> web.Response:
-    """A proxy-made error in the client's dialect, noted on the record. A message that quotes the
-    request (a path, a field) has any known session token in it masked."""
-    err.message = flow.ctx.sessions.mask(err.message)
-    draft = flow.draft
-    draft.status = err.status
-    draft.fail(err.error_class, err.message)
-    body = error_bytes(err, flow.dialect)
-    draft.response = json.loads(body)
-    return web.Response(
-        status=err.status, body=body, content_type="application/json", headers=budget_header(flow)
-    )
-
-
-def _unexpected(flow: Flow, exc: Exception) -> web.StreamResponse:
-    """The answer to an exception no stage expected: a 500 in the client's shape, or, once a stream
-    has begun and its status is sent, the connection cut so the client sees the break."""
-    err = InternalError(f"modeltap failed on this request ({type(exc).__name__}: {exc}); see the serve log")
-    if flow.stream is None or not flow.stream.prepared:
-        return _error_response(flow, err)
-    flow.draft.fail(err.error_class, err.message)
-    if flow.request.transport is not None:
-        flow.request.transport.abort()
-    return flow.stream

@@ -3,9 +3,8 @@
 Owns: which paths an agent may call. Every format answers at the bare path, at `/v1/...`, at
 `/v1/v1/...` (Claude Code and the anthropic SDK append `/v1` to a base that already ends in it:
 docs/agents.md §4.3) and under a session prefix `/s/TOKEN/...`; AReaL's control routes are refused
-whatever the token. Masking tokens in paths for records, errors and logs. Does not own: the formats'
-routes (modeltap.dialects), where the upstream serves them (compat/layouts.py) or who the caller is
-(sessions.py).
+whatever the token. Does not own: the formats' routes (modeltap.dialects), where the upstream serves
+them (compat/layouts.py), who the caller is or masking tokens (sessions.py).
 
 Pure functions over strings: no aiohttp here.
 """
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from modeltap import dialects
 from modeltap.dialects.base import Dialect, route_suffix
 from modeltap.proxy.errors import Forbidden, NotFound
+from modeltap.proxy.sessions import masked
 
 # AReaL's control routes (docs/areal.md §1.1.2, §1.2). Forwarding any of them would let an agent set its
 # own reward or reconfigure the trainer, so they are refused even for a valid session token.
@@ -33,10 +33,6 @@ _CONTROL_ROOTS = (
     "internal",
 )
 _CONTROL = re.compile(rf"^({'|'.join(_CONTROL_ROOTS)})(/.*)?$")
-# An `s/TOKEN` pair of segments anywhere in a path, `S` too: a base URL joined the wrong way round
-# (`/v1/s/TOKEN/...`) or mistyped carries a token, though it is not routed as one.
-# Masked whatever follows it (`/s/TOKEN./`, `/s/TOKEN;x=1/`): a near-miss path still carries the token.
-_SESSION_SEGMENTS = re.compile(r"(?<![^/])[sS]/([A-Za-z0-9_-]{16,128})(?![A-Za-z0-9_-])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +88,3 @@ def session_token(path: str) -> str | None:
     True
     """
     return route_suffix(path)[0]
-
-
-def masked(path: str) -> str:
-    """`path` with the token of every `s/TOKEN` masked, wherever else it appears too, for records, error
-    messages and logs.
-
-    >>> masked("/v1/s/" + "A" * 43 + "/models/" + "A" * 43)
-    '/v1/s/…/models/…'
-    """
-    for token in {match.group(1) for match in _SESSION_SEGMENTS.finditer(path)}:
-        path = path.replace(token, "…")
-    return path

@@ -126,6 +126,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx.budget, ctx.budget_report = await _budget(ctx, counter)
     ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
     ctx.store.start()
+    if ctx.config.upstream is not None:
+        ctx.default_upstream = ctx.upstream(ctx.config.upstream)
     ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
         yield

@@ -3,8 +3,9 @@
 Owns: issuing and revoking session tokens and looking them up. A session is what lets modeltap hand
 an agent a credential of its own instead of the upstream's key: the agent presents the token (in the
 path as `/s/TOKEN/`, or as `Authorization: Bearer` / `x-api-key`), modeltap swaps in the upstream key,
-and every record of the session carries its labels. Does not own: the HTTP admin API (admin.py) or
-the rules of who may use the configured key (relay.py).
+and every record of the session carries its labels. Also masking tokens in paths and text for
+records, errors and logs. Does not own: the HTTP admin API (admin.py) or the rules of who may use the
+configured key (relay.py).
 
 The token is never logged, stored or sent upstream; records carry the session id instead.
 """
@@ -28,6 +29,10 @@ TOKEN_CHARS = 43
 CLOSED_TOKENS_MAX = 65536
 # A run of the characters a token is made of, long enough to be one: what `mask` looks up.
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9_-]{16,}")
+# An `s/TOKEN` pair of segments anywhere in a path, `S` too: a base URL joined the wrong way round
+# (`/v1/s/TOKEN/...`) or mistyped carries a token, though it is not routed as one.
+# Masked whatever follows it (`/s/TOKEN./`, `/s/TOKEN;x=1/`): a near-miss path still carries the token.
+_SESSION_SEGMENTS = re.compile(r"(?<![^/])[sS]/([A-Za-z0-9_-]{16,128})(?![A-Za-z0-9_-])")
 
 
 @dataclass(slots=True)
@@ -134,6 +139,11 @@ class SessionRegistry:
             return text
         return _TOKEN_RUN.sub(lambda m: _masked_run(m.group(), self.is_known), text)
 
+    def masked_path(self, path: str) -> str:
+        """`path` for a record, an error or a log: the token of every `s/TOKEN` masked, known or not
+        (`masked`), and every known token wherever else it stands (`mask`)."""
+        return self.mask(masked(path))
+
     def was_closed(self, token: str) -> bool:
         """Whether `token` was the token of a session that has since closed or expired."""
         return token in self._closed_tokens
@@ -168,3 +178,15 @@ def _masked_run(run: str, known: Callable[[str], bool]) -> str:
         if known(run[start : start + size]):
             return run[:start] + "…" + _masked_run(run[start + size :], known)
     return run
+
+
+def masked(path: str) -> str:
+    """`path` with the token of every `s/TOKEN` masked, wherever else it appears too, for records, error
+    messages and logs.
+
+    >>> masked("/v1/s/" + "A" * 43 + "/models/" + "A" * 43)
+    '/v1/s/…/models/…'
+    """
+    for token in {match.group(1) for match in _SESSION_SEGMENTS.finditer(path)}:
+        path = path.replace(token, "…")
+    return path

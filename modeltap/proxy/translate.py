@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from modeltap import dialects
 from modeltap.compat.layouts import ErrorInfo, parse_error
@@ -38,13 +38,10 @@ CHAINS_MAX = 1024
 
 
 class StreamTap(Protocol):
-    """How the relay writes an upstream stream to the client: `relay(chunk)` gives the bytes to write
-    for an upstream chunk, `keep(chunk)` takes a copy once it was written, `end()` the bytes to write
-    once the upstream stream has ended, `result()` what the client's stream amounted to."""
-
-    def relay(self, chunk: bytes) -> bytes: ...
-
-    def keep(self, chunk: bytes) -> None: ...
+    """How the relay writes an upstream stream to the client: `end()` gives the bytes to write once the
+    upstream stream has ended, `result()` what the client's stream amounted to. A tap either passes the
+    upstream's chunks through as they are (`PassThrough`) or writes its own bytes for them
+    (`Transforming`), which `transforms` tells apart."""
 
     def end(self) -> bytes: ...
 
@@ -61,16 +58,31 @@ class StreamTap(Protocol):
         ...
 
 
+class PassThrough(StreamTap, Protocol):
+    """A tap the upstream's chunks are written through as they are: it takes a copy of each once it
+    was written (`keep`), so assembling it never delays the client."""
+
+    transforms: Literal[False]
+
+    def keep(self, chunk: bytes) -> None: ...
+
+
+class Transforming(StreamTap, Protocol):
+    """A tap that writes its own bytes for each upstream chunk (`relay`)."""
+
+    transforms: Literal[True]
+
+    def relay(self, chunk: bytes) -> bytes: ...
+
+
 class Untouched:
     """A stream relayed exactly as it arrives; the copy of each chunk is assembled after it was written."""
 
+    transforms: Literal[False] = False
     received = None
 
     def __init__(self, dialect: Dialect) -> None:
         self._assembler = StreamAssembler(dialect)
-
-    def relay(self, chunk: bytes) -> bytes:
-        return chunk
 
     def keep(self, chunk: bytes) -> None:
         self._assembler.feed(chunk)
@@ -92,6 +104,8 @@ class TranslatedStream:
     is rebuilt from it once, at the end (`result`), through the same translator, rather than assembled
     event by event."""
 
+    transforms: Literal[True] = True
+
     def __init__(self, client: Dialect, request: dict[str, Any]) -> None:
         self._client = client
         self._request = request
@@ -105,9 +119,6 @@ class TranslatedStream:
     def relay(self, chunk: bytes) -> bytes:
         self._upstream.feed(chunk)
         return self._flush()
-
-    def keep(self, chunk: bytes) -> None:
-        """Nothing: the record is rebuilt from the chat stream (`result`)."""
 
     def end(self) -> bytes:
         """The closing events, when the chat stream ended without `[DONE]` but after its finish."""

@@ -43,13 +43,49 @@ def map_client_error(exc: BaseException, url: str) -> ProxyError:
 
 @dataclass(slots=True)
 class Reply:
-    """An upstream response whose headers are read. `body` is set when it had to be read already
-    (a 404 examined for the fallback); otherwise read it with `Upstream.read` or `Upstream.chunks`."""
+    """An upstream response whose headers are read."""
 
     response: aiohttp.ClientResponse
     url: str
     path: str
-    body: bytes | None = None
+
+
+@dataclass(slots=True)
+class WholeReply(Reply):
+    """A response read whole: anything but a stream of a format that streams. Its (decoded) body was
+    read once, by `Upstream.send`."""
+
+    body: bytes
+
+
+@dataclass(slots=True)
+class StreamedReply(Reply):
+    """A server-sent event stream of a format that streams, to be read as it arrives (`chunks`)."""
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body chunk by chunk as it arrives (decoded), with errors mapped. Closes the response
+        when the caller stops early, which ends the upstream request."""
+        response = self.response
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise map_client_error(exc, str(response.url)) from exc
+        finally:
+            if response.content.at_eof():
+                response.release()
+            else:
+                response.close()
+
+
+async def read(response: aiohttp.ClientResponse, limit: int = -1) -> bytes:
+    """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped."""
+    try:
+        return await response.content.read(limit)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise map_client_error(exc, str(response.url)) from exc
+    finally:
+        response.release()
 
 
 class Upstream:
@@ -66,6 +102,9 @@ class Upstream:
         self.layout = layout
         self.auto_first = auto_first
         self._client = client
+        # Whether this upstream is taken to be AReaL: `--layout areal` or `areal-gateway`, or `auto`
+        # where AReaL is installed (the adapter runs inside AReaL's workers).
+        self.areal_like = layout in ("areal", "areal-gateway") or (layout == "auto" and auto_first == "areal")
         self._has_v1 = self.base_url.endswith("/v1")
         self._chosen: dict[str, str] = {}
         self._translated: set[str] = set()
@@ -112,9 +151,10 @@ class Upstream:
         headers: Mapping[str, str],
         body: bytes | None,
         suffix: str = "",
-    ) -> Reply:
-        """Send one request and return the response, its headers read. `suffix` extends the format's
-        path (`/MODEL_ID` for `GET /v1/models/{id}`).
+    ) -> WholeReply | StreamedReply:
+        """Send one request and return the response: read whole, unless it is a stream of a format that
+        streams (only the generating formats stream; anything else that claims to is read whole).
+        `suffix` extends the format's path (`/MODEL_ID` for `GET /v1/models/{id}`).
 
         Raises NotFound when every candidate path answered a route-level 404, and the mapped
         ProxyError when the upstream cannot be reached.
@@ -128,21 +168,16 @@ class Upstream:
                 raise map_client_error(exc, url) from exc
             if response.status != 404:
                 self._chosen.setdefault(dialect.name, path)
-                return Reply(response, url, path)
-            head = await self.read(response, limit=ROUTE_404_MAX_BYTES)
+                # An error answered as a stream is read whole: its client is told of it in one piece.
+                if response.status < 400 and dialect.streams and response.content_type == "text/event-stream":
+                    return StreamedReply(response, url, path)
+                return WholeReply(response, url, path, await read(response))
+            head = await read(response, limit=ROUTE_404_MAX_BYTES)
             if not is_route_level_404(404, head):
-                return Reply(response, url, path, head)  # the API's own 404, e.g. model_not_found
+                return WholeReply(response, url, path, head)  # the API's own 404, e.g. model_not_found
             log.debug("upstream %s has no route %s", self.base_url, path)
         tried = ", ".join(paths)
         raise NotFound(f"the upstream {self.base_url} does not serve {dialect.name} (tried {tried})")
-
-    @property
-    def areal_like(self) -> bool:
-        """Whether this upstream is taken to be AReaL: `--layout areal` or `areal-gateway`, or `auto` where
-        AReaL is installed (the adapter runs inside AReaL's workers)."""
-        return self.layout in ("areal", "areal-gateway") or (
-            self.layout == "auto" and self.auto_first == "areal"
-        )
 
     @property
     def root(self) -> str:
@@ -160,26 +195,3 @@ class Upstream:
                 return await response.json(content_type=None)
         except (TimeoutError, aiohttp.ClientError, ValueError):
             return None
-
-    async def read(self, response: aiohttp.ClientResponse, limit: int = -1) -> bytes:
-        """The whole (decoded) body, or its first `limit` bytes, with errors mapped."""
-        try:
-            return await response.content.read(limit)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise map_client_error(exc, str(response.url)) from exc
-        finally:
-            response.release()
-
-    async def chunks(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """The body chunk by chunk as it arrives (decoded), with errors mapped. Closes the response
-        when the caller stops early, which ends the upstream request."""
-        try:
-            async for chunk in response.content.iter_any():
-                yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise map_client_error(exc, str(response.url)) from exc
-        finally:
-            if response.content.at_eof():
-                response.release()
-            else:
-                response.close()

@@ -125,8 +125,10 @@ class ExchangeDraft:
     token_ask: str | None = None
     token_ids: TokenIds | None = None
 
-    def __post_init__(self) -> None:
-        """A draft stays open; an Exchange built directly is sealed once built."""
+    @property
+    def upstream_body(self) -> dict[str, Any] | None:
+        """The body as it went upstream: `sent` when modeltap changed it, else the client's own."""
+        return self.sent if self.sent is not None else self.request_json
 
     def fail(self, error_class: str, message: str) -> None:
         """Note the first failure; a later one (say, the client leaving after an upstream error) does
@@ -150,7 +152,9 @@ class Exchange(ExchangeDraft):
 
     __slots__ = ()
 
-    def __post_init__(self) -> None:
+    def __init__(self, **fields: Any) -> None:
+        """An exchange built whole (tests, a record read back): sealed once built."""
+        super().__init__(**fields)
         object.__setattr__(self, "_sealed", True)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -32,7 +32,8 @@ from modeltap.compat.clients import presented_key
 from modeltap.exporters.export import write_export
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.errors import Forbidden, NotFound
-from modeltap.proxy.routes import Route, masked, resolve, session_token
+from modeltap.proxy.routes import Route, resolve, session_token
+from modeltap.proxy.sessions import masked
 from modeltap.records.reader import StoreReader
 from tests.integration.conftest import ThreadedProxy
 from tests.standins.areal import ArealStandIn

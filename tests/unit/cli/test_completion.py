@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from modeltap.cli.completion import script
-from modeltap.cli.main import _parser
+from modeltap.cli.commands import _parser
 from modeltap.exporters.export import FORMATS
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from modeltap import cli
+from modeltap.cli import commands as cli
 from modeltap.adapter import load_bundle
 from modeltap.compat import doctor
 from modeltap.compat.doctor import EXIT_ERRORS, RULES, Finding, check, exit_code, load_config, render

@@ -4,7 +4,8 @@ import pytest
 
 from modeltap import dialects
 from modeltap.proxy.errors import Forbidden, NotFound
-from modeltap.proxy.routes import masked, resolve, session_token
+from modeltap.proxy.routes import resolve, session_token
+from modeltap.proxy.sessions import masked
 from tests.factories import CONTROL_PATHS
 
 TOKEN = "A" * 43

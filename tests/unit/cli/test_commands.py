@@ -1,4 +1,4 @@
-"""modeltap/cli/main.py: every command is helped with an example and documented in the README (as
+"""modeltap/cli/commands.py: every command is helped with an example and documented in the README (as
 sqlite-utils' test_docs keeps its CLI from rotting); the readers' filters and several stores; prune
 and vacuum."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from modeltap.cli.main import _parser, main
+from modeltap.cli.commands import _parser, main
 from modeltap.records.exchange import RolloutOutcome
 from modeltap.records.stores import remember_store
 from tests.factories import assistant, recorded, rollout
