@@ -7,8 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from modeltap.cli.completion import script
 from modeltap.cli.commands import _parser
+from modeltap.cli.completion import script
 from modeltap.exporters.export import FORMATS
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from modeltap.cli import commands as cli
 from modeltap.adapter import load_bundle
+from modeltap.cli import commands as cli
 from modeltap.compat import doctor
 from modeltap.compat.doctor import EXIT_ERRORS, RULES, Finding, check, exit_code, load_config, render
 from modeltap.compat.doctor.config import Config, Unresolved
