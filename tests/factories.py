@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from modeltap.counting import bpe
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
+from modeltap.testing import exchange
 from tests.standins.anthropic_wire import sse_event
 from tests.standins.openai_wire import SSE_DONE, sse_data
 
@@ -38,7 +39,6 @@ __all__ = [
     "chat_chunk",
     "chat_completion",
     "completion_chunk",
-    "exchange",
     "function_call_item",
     "message",
     "message_item",
@@ -241,22 +241,7 @@ def completion_chunk(
     return {**_openai_head("text_completion", id, created, model), "choices": choices}
 
 
-# --- exchanges -------------------------------------------------------------------------------------------
-
-
-def exchange(body: dict[str, Any] | None, response: dict[str, Any] | None, **fields: Any) -> Exchange:
-    """A chat exchange as the relay hands it over: `body` sent as JSON, answered 200 with `response`.
-    `fields` sets any other Exchange field, or overrides these (the `request` bytes, `endpoint`, `path`)."""
-    settings: dict[str, Any] = {
-        "method": "POST",
-        "path": "/v1/chat/completions",
-        "endpoint": "chat",
-        "request": json.dumps(body).encode(),
-        "request_json": body,
-        "response": response,
-        "status": 200,
-    }
-    return Exchange(**(settings | fields))
+# --- exchanges: modeltap.testing.exchange (the public kit) --------------------------------------------
 
 
 def rollout(

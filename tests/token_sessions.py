@@ -15,7 +15,8 @@ import json
 from typing import Any
 
 from modeltap.records.exchange import Exchange
-from tests.factories import exchange, tool_call
+from modeltap.testing import exchange
+from tests.factories import tool_call
 from tests.standins import token_engine as te
 
 SYSTEM = {"role": "system", "content": "You are a careful shell assistant."}

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from modeltap import dialects
+from modeltap.dialects.roles import AsChat
 from modeltap.records.exchange import Exchange
 
 # A reply that says "tool call" without one is short; a longer body is not parsed on the event loop.
@@ -48,7 +49,7 @@ def model_fault(exchange: Exchange) -> str | None:
     if exchange.error_class == "model_fault":
         return f"the model's context overflowed ({exchange.error_message})"
     dialect = dialects.of_record(exchange.endpoint)
-    if dialect.tool_call_parse_failure(_response(exchange)):
+    if isinstance(dialect, AsChat) and dialect.tool_call_parse_failure(_response(exchange)):
         return "the model's tool call did not parse (it finished for a tool call but none parsed)"
     return None
 

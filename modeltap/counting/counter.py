@@ -48,7 +48,8 @@ from modeltap.counting.windows import (
     render_delta,
     shape,
 )
-from modeltap.dialects.base import Dialect, TextPrompt
+from modeltap.dialects.base import TextPrompt
+from modeltap.dialects.roles import Dialect
 
 log = logging.getLogger(__name__)
 

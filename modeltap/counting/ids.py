@@ -15,7 +15,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import AsChat, Dialect
 from modeltap.dialects.token_ids import TokenIds, common_prefix
 
 if TYPE_CHECKING:
@@ -74,8 +74,10 @@ def rendered_ids(
             return None
     if not isinstance(response, dict):
         return None
-    conversation = dialect.conversation(request, response)
-    reply = conversation.messages[-1] if conversation is not None else {"content": dialect.read(response)[1]}
+    if isinstance(dialect, AsChat):
+        reply = dialect.conversation(request, response).messages[-1]
+    else:
+        reply = {"content": dialect.read(response)[1]}
     try:
         prompt = renderer.ids(dialect, request)
         full = renderer.ids(dialect, request, reply)

@@ -20,7 +20,16 @@ from modeltap.dialects import (
     openai_models,
     openai_responses,
 )
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import ROLES, Dialect, GeneratesNothing, OpenAIShaped
+
+
+class Unrouted(OpenAIShaped, GeneratesNothing, declines=ROLES):
+    """What a recorded exchange that was never routed (or of a format this modeltap no longer knows)
+    is read as: a format of nothing, which reads no reply and plays no role."""
+
+    name = ""
+    route = ""
+
 
 DIALECTS: tuple[Dialect, ...] = (
     openai_chat.DIALECT,
@@ -32,7 +41,7 @@ DIALECTS: tuple[Dialect, ...] = (
     anthropic_count_tokens.DIALECT,
 )
 _BY_NAME = {dialect.name: dialect for dialect in DIALECTS}
-_UNROUTED = Dialect()
+_UNROUTED = Unrouted()
 _BY_ROUTE = {dialect.route: dialect for dialect in DIALECTS}
 
 

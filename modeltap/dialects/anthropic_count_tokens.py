@@ -11,22 +11,28 @@ from __future__ import annotations
 from typing import Any
 
 from modeltap.dialects import anthropic_messages
-from modeltap.dialects.base import ApiError, Dialect, Prompt
+from modeltap.dialects.base import Prompt
+from modeltap.dialects.roles import (
+    AsChat,
+    CountsPrompt,
+    GeneratesNothing,
+    ReturnsTokenIds,
+    Streams,
+    ThroughChat,
+)
 
 
-class CountTokens(Dialect):
+class CountTokens(
+    anthropic_messages.AnthropicShaped,
+    GeneratesNothing,
+    CountsPrompt,
+    declines=(Streams, AsChat, ThroughChat, ReturnsTokenIds),
+):
+    """A count generates nothing (no budget, no reply), but has the prompt `/v1/messages` renders."""
+
     name = "count_tokens"
     route = "messages/count_tokens"
     areal_v1 = True
-    counts_prompt = True
-    provider = "anthropic"
-    request_headers = anthropic_messages.Messages.request_headers
-
-    def credential_headers(self, key: str) -> dict[str, str]:
-        return anthropic_messages.DIALECT.credential_headers(key)
-
-    def error_body(self, error: ApiError) -> dict[str, Any]:
-        return anthropic_messages.DIALECT.error_body(error)
 
     def check(self, body: dict[str, Any]) -> None:
         anthropic_messages.DIALECT.check(body)

@@ -31,7 +31,6 @@ from modeltap.dialects.base import (
     ApiError,
     ChatPrompt,
     Conversation,
-    Dialect,
     Prompt,
     Reading,
     as_dict,
@@ -41,7 +40,8 @@ from modeltap.dialects.base import (
     tool_call,
 )
 from modeltap.dialects.openai_chat import ChatDeltas, request_options
-from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event
+from modeltap.dialects.roles import AsChat, CountsPrompt, Dialect, ReturnsTokenIds, ThroughChat
+from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event, typed_event
 
 # The API version the anthropic SDK and Claude Code send (docs/agents.md §4.3, §5); requests need one.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -194,15 +194,10 @@ def _block_events(index: int, block: dict[str, Any]) -> list[bytes]:
     ]
 
 
-class Messages(Dialect):
-    name = "messages"
-    route = "messages"
-    areal_v1 = True
-    streams = True
-    history_field = "messages"
-    context_fields = ("tools", "system")
-    system_field = "system"
-    operation = "chat"
+class AnthropicShaped(Dialect):
+    """What Anthropic's formats share (messages, count_tokens): keys as `x-api-key`, errors as
+    `{"type": "error", ...}`, the "prompt is too long" refusal, and Anthropic's usage."""
+
     provider = "anthropic"
     request_headers: ClassVar[Mapping[str, str]] = {"anthropic-version": ANTHROPIC_VERSION}
 
@@ -224,6 +219,30 @@ class Messages(Dialect):
             f"prompt is too long: {prompt_tokens} tokens > {max_prompt_tokens} maximum. {note}".rstrip()
         )
 
+    def usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        """Anthropic counts cached prompt tokens apart from `input_tokens`: they are added back to give
+        the whole prompt."""
+        usage = as_dict(reply.get("usage"))
+        prompt = as_int(usage.get("input_tokens"))
+        if prompt is not None:
+            for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+                prompt += as_int(usage.get(cached)) or 0
+        return prompt, as_int(usage.get("output_tokens"))
+
+    def cache_usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
+        usage = as_dict(reply.get("usage"))
+        return as_int(usage.get("cache_read_input_tokens")), as_int(usage.get("cache_creation_input_tokens"))
+
+
+class Messages(AnthropicShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, CountsPrompt)):
+    name = "messages"
+    route = "messages"
+    areal_v1 = True
+    history_field = "messages"
+    context_fields = ("tools", "system")
+    system_field = "system"
+    operation = "chat"
+
     def areal_body(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The body AReaL can render, or None when it needs no change (compat.areal)."""
         return messages_body_for_areal(body)
@@ -238,6 +257,10 @@ class Messages(Dialect):
 
     def assembler(self) -> _MessageEvents:
         return _MessageEvents()
+
+    def event_bytes(self, event: dict[str, Any]) -> bytes:
+        """`event: TYPE` and its data, as Anthropic streams."""
+        return typed_event(event)
 
     def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
         """message_start, each content block, message_delta with the stop reason and output tokens,
@@ -268,20 +291,6 @@ class Messages(Dialect):
                 calls.append(tool_call(block.get("id"), block.get("name"), block.get("input")))
         return as_str(reply.get("stop_reason")), "".join(texts) if texts else None, calls
 
-    def usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
-        """Anthropic counts cached prompt tokens apart from `input_tokens`: they are added back to give
-        the whole prompt."""
-        usage = as_dict(reply.get("usage"))
-        prompt = as_int(usage.get("input_tokens"))
-        if prompt is not None:
-            for cached in ("cache_creation_input_tokens", "cache_read_input_tokens"):
-                prompt += as_int(usage.get(cached)) or 0
-        return prompt, as_int(usage.get("output_tokens"))
-
-    def cache_usage(self, reply: dict[str, Any]) -> tuple[int | None, int | None]:
-        usage = as_dict(reply.get("usage"))
-        return as_int(usage.get("cache_read_input_tokens")), as_int(usage.get("cache_creation_input_tokens"))
-
     def conversation(
         self,
         request: dict[str, Any],
@@ -297,8 +306,6 @@ class Messages(Dialect):
         chat = [{k: v for k, v in flattened(m).items() if k != "thinking_blocks"} for m in messages]
         functions = [t for t in tools or [] if t.get("type") == "function" and "function" in t]
         return Conversation(chat, functions)
-
-    translates = True
 
     def chat_request(
         self, body: dict[str, Any], earlier: list[dict[str, Any]] | None = None

@@ -17,7 +17,6 @@ from modeltap.compat.prompts import typed_messages, typed_tools
 from modeltap.dialects.base import (
     ChatPrompt,
     Conversation,
-    Dialect,
     Prompt,
     Reading,
     as_dict,
@@ -28,6 +27,7 @@ from modeltap.dialects.base import (
     tool_call,
 )
 from modeltap.dialects.openai_completions import ChoiceChunks
+from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ReturnsTokenIds, Streams, ThroughChat
 from modeltap.dialects.sse import DONE_EVENT, data_event, index_of, list_of
 from modeltap.dialects.token_ids import TokenIds, chat_logprobs, served_ids
 
@@ -198,10 +198,11 @@ class ChatDeltas:
         return out
 
 
-class Chat(Dialect):
+class Chat(OpenAIShaped, Streams, AsChat, ReturnsTokenIds, declines=(ThroughChat, CountsPrompt)):
+    """The format translation goes through: nothing to translate it to."""
+
     name = "chat"
     route = "chat/completions"
-    streams = True
     history_field = "messages"
     context_fields = ("tools",)
     operation = "chat"
@@ -226,6 +227,9 @@ class Chat(Dialect):
 
     def assembler(self) -> _ChatChunks:
         return _ChatChunks()
+
+    def event_bytes(self, event: dict[str, Any]) -> bytes:
+        return data_event(event)
 
     def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
         """Role, reasoning, content, one chunk per tool call, the finish chunk (with the choice's

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from modeltap.dialects.base import Dialect, Prompt, Reading, TextPrompt, as_dict, as_str, first_choice
+from modeltap.dialects.base import Prompt, Reading, TextPrompt, as_dict, as_str, first_choice
+from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ReturnsTokenIds, Streams, ThroughChat
 from modeltap.dialects.sse import DONE, DONE_EVENT, Pieces, data_event, index_of, list_of
 from modeltap.dialects.token_ids import (
     TokenIds,
@@ -111,10 +112,11 @@ def usage_event(stamp: dict[str, Any], body: dict[str, Any], include_usage: bool
     return []
 
 
-class Completions(Dialect):
+class Completions(OpenAIShaped, Streams, ReturnsTokenIds, declines=(AsChat, ThroughChat, CountsPrompt)):
+    """A text prompt: no conversation to read as chat."""
+
     name = "completions"
     route = "completions"
-    streams = True
     operation = "text_completion"
 
     def check(self, body: dict[str, Any]) -> None:
@@ -134,6 +136,9 @@ class Completions(Dialect):
 
     def assembler(self) -> _CompletionChunks:
         return _CompletionChunks()
+
+    def event_bytes(self, event: dict[str, Any]) -> bytes:
+        return data_event(event)
 
     def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
         stamp: dict[str, Any] = {k: body.get(k) for k in ("id", "created", "model") if k in body}

@@ -3,10 +3,10 @@ budget and no stream, and its usage (`prompt_tokens`) is all a summary reads."""
 
 from __future__ import annotations
 
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import ROLES, GeneratesNothing, OpenAIShaped
 
 
-class Embeddings(Dialect):
+class Embeddings(OpenAIShaped, GeneratesNothing, declines=ROLES):
     name = "embeddings"
     route = "embeddings"
     operation = "embeddings"

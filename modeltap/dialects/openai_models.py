@@ -12,10 +12,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import ROLES, GeneratesNothing, OpenAIShaped
 
 
-class Models(Dialect):
+class Models(OpenAIShaped, GeneratesNothing, declines=ROLES):
     name = "models"
     route = "models"
     method = "GET"

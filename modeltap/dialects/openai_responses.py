@@ -25,7 +25,6 @@ from modeltap.compat.areal import responses_body_for_areal
 from modeltap.dialects.base import (
     ChatPrompt,
     Conversation,
-    Dialect,
     Prompt,
     Reading,
     as_dict,
@@ -41,7 +40,8 @@ from modeltap.dialects.base import (
     tool_call,
 )
 from modeltap.dialects.openai_chat import ChatDeltas, request_options
-from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event
+from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ReturnsTokenIds, ThroughChat
+from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event, typed_event
 
 # Final events: each carries the whole response.
 _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -147,10 +147,11 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-class Responses(Dialect):
+class Responses(OpenAIShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, CountsPrompt)):
+    """No engine returns token ids for Responses; modeltap asks for them on the chat it translates to."""
+
     name = "responses"
     route = "responses"
-    streams = True
     history_field = "input"
     context_fields = ("tools", "instructions")
     system_field = "instructions"
@@ -197,6 +198,10 @@ class Responses(Dialect):
 
     def assembler(self) -> _ResponseEvents:
         return _ResponseEvents()
+
+    def event_bytes(self, event: dict[str, Any]) -> bytes:
+        """`event: TYPE` and its data, as the Responses API streams."""
+        return typed_event(event)
 
     def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
         """created, in_progress, each output item, then the final event its status calls for, carrying
@@ -258,6 +263,11 @@ class Responses(Dialect):
         value = request.get("input")
         return [{"role": "user", "content": value}] if isinstance(value, str) else super().history(request)
 
+    def tool_call_parse_failure(self, response: Any) -> bool:
+        """False: no Responses server signals a tool call that did not parse (AReaL's sign is chat's
+        `finish_reason: tool_calls` with no call, docs/areal.md §4.2)."""
+        return False
+
     def conversation(
         self,
         request: dict[str, Any],
@@ -281,8 +291,6 @@ class Responses(Dialect):
             if isinstance(t, dict) and t.get("name") and "parameters" in t
         ]
         return Conversation(_chat_messages(request.get("instructions"), items), tools)
-
-    translates = True
 
     def chat_request(
         self, body: dict[str, Any], earlier: list[dict[str, Any]] | None = None

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from modeltap.dialects.base import Assembler, Dialect
+    from modeltap.dialects.base import Assembler
+    from modeltap.dialects.roles import Streams
 
 # OpenAI's end-of-stream sentinel (chat and legacy completions). Responses and Anthropic streams end
 # with a typed event instead.
@@ -180,7 +181,7 @@ class StreamAssembler:
     """
 
     def __init__(
-        self, dialect: Dialect, on_event: Callable[[dict[str, Any] | None], None] | None = None
+        self, dialect: Streams, on_event: Callable[[dict[str, Any] | None], None] | None = None
     ) -> None:
         self._dialect: Assembler = dialect.assembler()
         self._on_event = on_event

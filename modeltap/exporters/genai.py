@@ -23,7 +23,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from modeltap import dialects
-from modeltap.dialects.base import Dialect, Summary, as_dict, as_int, as_str, dicts_in, text_of
+from modeltap.dialects.base import Summary, as_dict, as_int, as_str, dicts_in, text_of
+from modeltap.dialects.roles import AsChat, Dialect
 from modeltap.records.exchange import BudgetRecord, Exchange
 
 Value = str | bool | int | float | Sequence[str]
@@ -238,12 +239,12 @@ def _content(
     """`gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.system_instructions` and
     `gen_ai.tool.definitions`, from the exchange as OpenAI chat (its dialect's conversion, whatever the
     format): the reply is what the conversation gained over the request's alone."""
+    if not isinstance(dialect, AsChat):
+        return {}
     try:
         whole, asked = dialect.conversation(request, reply), dialect.conversation(request, {})
     except (TypeError, ValueError, AttributeError):  # a body the conversion cannot read: no content
         return {"modeltap.content.unreadable": True}
-    if whole is None or asked is None:
-        return {}
     same = 0
     while (
         same < min(len(whole.messages), len(asked.messages)) and whole.messages[same] == asked.messages[same]

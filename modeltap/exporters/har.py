@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from modeltap import __version__, dialects
+from modeltap.dialects.roles import Streams
 from modeltap.records.reader import StoreReader
 from modeltap.records.streams import stream_events
 
@@ -48,7 +49,9 @@ def _har_entry(
     ex: dict[str, Any], number: int, page: str, raw_sse: Callable[[str], bytes | None]
 ) -> dict[str, Any]:
     streamed = (
-        ex["streamed"] and dialects.of_record(ex["endpoint"]).streams and ex.get("response") is not None
+        ex["streamed"]
+        and isinstance(dialects.of_record(ex["endpoint"]), Streams)
+        and ex.get("response") is not None
     )
     raw = raw_sse(ex["id"]) if streamed else None
     wait = _span(ex["started"], ex["first_byte"])

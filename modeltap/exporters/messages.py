@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from modeltap import dialects
+from modeltap.dialects.roles import AsChat
 
 
 def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -31,9 +32,10 @@ def conversation(exchanges: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for ex in done
         if ex is not final and ex["endpoint"] == final["endpoint"]
     ]
-    chat = dialects.of_record(final["endpoint"]).conversation(final["request"], final["response"], earlier)
-    if chat is None:
+    dialect = dialects.of_record(final["endpoint"])
+    if not isinstance(dialect, AsChat):
         raise ValueError(f"{final['endpoint']} exchanges hold no conversation to export")
+    chat = dialect.conversation(final["request"], final["response"], earlier)
     return {"messages": chat.messages, "tools": chat.tools} if chat.tools else {"messages": chat.messages}
 
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect
 
 # Conversations remembered: an agent fleet's worth; past it the oldest conversation's next request
 # starts a new session.

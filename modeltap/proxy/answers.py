@@ -21,6 +21,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from modeltap.compat.layouts import classify, parse_error
+from modeltap.dialects.roles import Streams
 from modeltap.proxy.errors import InternalError, ProxyError, UpstreamUnreachable, error_bytes
 from modeltap.proxy.headers import HOP_BY_HOP
 from modeltap.proxy.translate import PassThrough, Transforming, Translation, synthesised
@@ -140,11 +141,11 @@ async def relay_translated(
 
 
 async def relay_synthesised(
-    flow: Flow, reply: WholeReply, request_body: dict[str, Any]
+    flow: Flow, reply: WholeReply, dialect: Streams, request_body: dict[str, Any]
 ) -> web.StreamResponse:
     """A JSON answer to a request that asked for a stream, given to the client as the stream its format
-    defines; relayed whole when it is not a JSON object."""
-    made = synthesised(flow.dialect, request_body, reply.body)
+    (`dialect`) defines; relayed whole when it is not a JSON object."""
+    made = synthesised(dialect, request_body, reply.body)
     if made is None:
         return await relay_body(flow, reply)
     flow.draft.first_byte = time.time()

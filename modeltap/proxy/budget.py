@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from modeltap.counting.counter import CountError, TokenCounter
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import CountsPrompt, Dialect
 from modeltap.proxy.config import BUDGET_POLICIES, BudgetPolicy
 from modeltap.proxy.errors import BadRequest, OverBudget
 from modeltap.proxy.upstream import Upstream
@@ -279,7 +279,7 @@ class Budget:
             dialect, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens, refuse_as
         )
 
-    async def count_answer(self, dialect: Dialect, body: dict[str, Any]) -> dict[str, Any]:
+    async def count_answer(self, dialect: CountsPrompt, body: dict[str, Any]) -> dict[str, Any]:
         """The answer of a format whose answer is the prompt's token count (Anthropic count_tokens:
         `{"input_tokens": N}`, N counted exactly as /v1/messages would count it). Raises BadRequest
         (400) for a body that cannot be rendered."""

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
-from modeltap.dialects.base import ApiError, Dialect
+from modeltap.dialects.base import ApiError
+from modeltap.dialects.roles import Dialect
 
 
 class ProxyError(Exception):

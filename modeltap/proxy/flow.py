@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect
 from modeltap.proxy.context import ProxyContext
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.upstream import Upstream

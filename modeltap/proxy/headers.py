@@ -16,7 +16,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from modeltap.compat.clients import presented_key
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect
 from modeltap.records.exchange import BudgetRecord
 
 if TYPE_CHECKING:

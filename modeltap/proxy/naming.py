@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modeltap.compat.clients import client_of
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect
 from modeltap.proxy.anonymous import AnonymousConversations
 from modeltap.proxy.sessions import Session
 

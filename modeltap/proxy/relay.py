@@ -29,7 +29,8 @@ from aiohttp import HttpVersion10, hdrs, web
 
 from modeltap import dialects
 from modeltap.compat.clients import credential_values, presented_key, retry_count
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.openai_chat import DIALECT as CHAT
+from modeltap.dialects.roles import CountsPrompt, Dialect, Streams, ThroughChat
 from modeltap.proxy.answers import (
     refusal,
     relay_body,
@@ -55,7 +56,7 @@ from modeltap.proxy.request_body import read_body
 from modeltap.proxy.routes import Route, resolve, session_token
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
-from modeltap.proxy.translate import CHAT, Translation, Untouched
+from modeltap.proxy.translate import Translation, Untouched
 from modeltap.proxy.upstream import StreamedReply, WholeReply
 from modeltap.records.exchange import ExchangeDraft
 
@@ -180,7 +181,7 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
     except NamingError as exc:
         raise BadRequest(str(exc)) from None
     draft.session_id, draft.labels = names.session_id, names.labels
-    if dialect.counts_prompt and ctx.budget is not None and body is not None:
+    if isinstance(dialect, CountsPrompt) and ctx.budget is not None and body is not None:
         return web.json_response(await ctx.budget.count_answer(dialect, body))
     translate = body is not None and target.upstream.translates(dialect)
     return await _forward(flow, target, route, body, translate)
@@ -194,7 +195,7 @@ async def _forward(
     then on, starting with this request."""
     ctx, draft, dialect = flow.ctx, flow.draft, flow.dialect
     translation = None
-    if translate and body is not None:
+    if translate and body is not None and isinstance(dialect, ThroughChat):
         translation = Translation.start(dialect, body, ctx.chains, draft.session_id)
         draft.translated = CHAT.name
     payload = await _payload(flow, target, body, translation)
@@ -217,9 +218,15 @@ async def _forward(
     if translation is not None:
         return await relay_translated(flow, reply, translation)
     if isinstance(reply, StreamedReply):
-        return await relay_stream(flow, reply, Untouched(dialect))
-    if body is not None and body.get("stream") is True and dialect.streams and reply.response.status == 200:
-        return await relay_synthesised(flow, reply, body)
+        return await relay_stream(flow, reply, Untouched(reply.dialect))
+    if (
+        body is not None
+        and body.get("stream") is True
+        and isinstance(dialect, Streams)
+        and isinstance(reply, WholeReply)
+        and reply.response.status == 200
+    ):
+        return await relay_synthesised(flow, reply, dialect, body)
     return await relay_body(flow, reply)
 
 
@@ -309,7 +316,7 @@ def _not_served(flow: Flow, route: Route, err: NotFound) -> web.StreamResponse:
         return web.json_response(answer)
     if route.item is not None:
         raise NotFound(f"no model {route.item!r} here; modeltap serves {served or 'no model (give --model)'}")
-    if dialect.counts_prompt:
+    if isinstance(dialect, CountsPrompt):
         raise NotImplemented_(
             f"{dialect.route} needs the served model's tokenizer: start modeltap serve with "
             "--tokenizer (the upstream does not serve it either)"

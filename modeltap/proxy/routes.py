@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 
 from modeltap import dialects
-from modeltap.dialects.base import Dialect, route_suffix
+from modeltap.dialects.base import route_suffix
+from modeltap.dialects.roles import Dialect
 from modeltap.proxy.errors import Forbidden, NotFound
 from modeltap.proxy.sessions import masked
 

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from modeltap import dialects
 from modeltap.compat.layouts import LAYOUT_HELP, serves
+from modeltap.dialects.roles import ThroughChat
 from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
@@ -364,7 +365,11 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
     config = proxy.config
     # A key the operator chose is theirs to keep: it is printed only when modeltap made it up.
     shown_key = "<the --admin-key you gave>" if config.admin_key else proxy.admin_key
-    translated = [d.route for d in dialects.DIALECTS if d.translates and not serves(config.layout, d.route)]
+    translated = [
+        d.route
+        for d in dialects.DIALECTS
+        if isinstance(d, ThroughChat) and not serves(config.layout, d.route)
+    ]
     lines = [
         f"modeltap listening on {config.host}:{proxy.port}",
         f"  upstream  {config.upstream or '(none: sessions name their own)'}",

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from modeltap.compat.engines import PROBE_PATHS, EngineInfo, TokenAsk, chosen, identify, token_ask
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect
 from modeltap.dialects.token_ids import TokenIds
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.upstream import Upstream

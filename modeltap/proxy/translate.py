@@ -11,7 +11,7 @@ format's conversion is (its dialect, modeltap.dialects), which formats an upstre
 
 No aiohttp here: plain classes over bytes and dicts.
 
-    translation = Translation.start(dialects.named("messages"), body, chains, "s-1")
+    translation = Translation.start(anthropic_messages.DIALECT, body, chains, "s-1")
     translation.chat_body                   # what goes upstream, to its chat route
     stream = translation.stream()           # per upstream chunk: client_bytes = stream.relay(chunk)
 """
@@ -23,14 +23,13 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
-from modeltap import dialects
 from modeltap.compat.layouts import ErrorInfo, parse_error
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.openai_chat import DIALECT as CHAT
 from modeltap.dialects.openai_chat import chunks
+from modeltap.dialects.roles import Streams, ThroughChat
 from modeltap.dialects.sse import Assembled, StreamAssembler
 from modeltap.proxy.errors import BadRequest
 
-CHAT = dialects.named("chat")
 # Translated Responses whose conversation modeltap keeps for a later `previous_response_id`, newest
 # kept, across sessions. Each holds its chat messages (an agent's transcript, up to a few MB); Codex
 # sends `store: false` and is never kept (docs/agents.md §6.4).
@@ -81,7 +80,7 @@ class Untouched:
     transforms: Literal[False] = False
     received = None
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Streams) -> None:
         self._assembler = StreamAssembler(dialect)
 
     def keep(self, chunk: bytes) -> None:
@@ -106,7 +105,7 @@ class TranslatedStream:
 
     transforms: Literal[True] = True
 
-    def __init__(self, client: Dialect, request: dict[str, Any]) -> None:
+    def __init__(self, client: ThroughChat, request: dict[str, Any]) -> None:
         self._client = client
         self._request = request
         self._translator = client.chat_translator(request)
@@ -163,7 +162,9 @@ class TranslatedStream:
         return out
 
 
-def answer_from_chat(client: Dialect, request: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any] | None:
+def answer_from_chat(
+    client: ThroughChat, request: dict[str, Any], chat: dict[str, Any]
+) -> dict[str, Any] | None:
     """The client's answer to a chat completion (whole, or as much of one as a cut stream carried):
     written through the client's translator, then assembled, so a whole answer and a streamed one say
     the same."""
@@ -173,13 +174,13 @@ def answer_from_chat(client: Dialect, request: dict[str, Any], chat: dict[str, A
     return assembler.body()
 
 
-def _chat_events(client: Dialect, request: dict[str, Any], chat: dict[str, Any]) -> list[dict[str, Any]]:
+def _chat_events(client: ThroughChat, request: dict[str, Any], chat: dict[str, Any]) -> list[dict[str, Any]]:
     translator = client.chat_translator(request)
     events = [event for chunk in chunks(chat, include_usage=True) for event in translator.feed(chunk)]
     return events + translator.end()
 
 
-def _cut_short(client: Dialect) -> str:
+def _cut_short(client: ThroughChat) -> str:
     return f"the upstream's chat stream ended before its finish reason: no {client.assembler().END} written"
 
 
@@ -193,7 +194,7 @@ class Translation:
     """
 
     def __init__(
-        self, client: Dialect, request: dict[str, Any], earlier: list[dict[str, Any]] | None
+        self, client: ThroughChat, request: dict[str, Any], earlier: list[dict[str, Any]] | None
     ) -> None:
         self.client = client
         self.request = request
@@ -204,7 +205,7 @@ class Translation:
 
     @classmethod
     def start(
-        cls, client: Dialect, request: dict[str, Any], chains: ResponseChains, session: str | None
+        cls, client: ThroughChat, request: dict[str, Any], chains: ResponseChains, session: str | None
     ) -> Translation:
         """The translation of `request`; a request continuing a response modeltap does not keep is
         refused (400), in the client's shape."""
@@ -284,7 +285,7 @@ class ResponseChains:
 
 
 def synthesised(
-    dialect: Dialect, request: dict[str, Any], raw: bytes
+    dialect: Streams, request: dict[str, Any], raw: bytes
 ) -> tuple[list[bytes], dict[str, Any]] | None:
     """The stream `dialect` defines for a JSON answer `raw` to a request that asked for a stream (AReaL
     1.0.4's /responses answers JSON to `stream: true`: docs/areal.md §1.1.7), and the answer parsed; None

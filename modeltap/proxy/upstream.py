@@ -19,7 +19,7 @@ from typing import Any, Literal
 import aiohttp
 
 from modeltap.compat.layouts import Layout, is_route_level_404, serves, upstream_paths
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect, Streams, ThroughChat
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,10 @@ class WholeReply(Reply):
 
 @dataclass(slots=True)
 class StreamedReply(Reply):
-    """A server-sent event stream of a format that streams, to be read as it arrives (`chunks`)."""
+    """A server-sent event stream of a format that streams (`dialect`), to be read as it arrives
+    (`chunks`)."""
+
+    dialect: Streams
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body chunk by chunk as it arrives (decoded), with errors mapped. Closes the response
@@ -112,7 +115,7 @@ class Upstream:
     def translates(self, dialect: Dialect) -> bool:
         """Whether requests of this format go upstream translated through chat: the layout does not
         serve it, or (`auto`) it answered a route-level 404 on every path."""
-        return dialect.translates and (
+        return isinstance(dialect, ThroughChat) and (
             not serves(self.layout, dialect.route) or dialect.name in self._translated
         )
 
@@ -120,7 +123,7 @@ class Upstream:
         """Under `auto`, take a format the upstream does not serve at any path (send raised NotFound)
         to be translated through chat from now on, and say so in the log, once. False when the
         layout is fixed or the format cannot be translated."""
-        if self.layout != "auto" or not dialect.translates or dialect.name in self._translated:
+        if self.layout != "auto" or not isinstance(dialect, ThroughChat) or dialect.name in self._translated:
             return False
         self._translated.add(dialect.name)
         log.warning(
@@ -169,8 +172,12 @@ class Upstream:
             if response.status != 404:
                 self._chosen.setdefault(dialect.name, path)
                 # An error answered as a stream is read whole: its client is told of it in one piece.
-                if response.status < 400 and dialect.streams and response.content_type == "text/event-stream":
-                    return StreamedReply(response, url, path)
+                if (
+                    response.status < 400
+                    and isinstance(dialect, Streams)
+                    and response.content_type == "text/event-stream"
+                ):
+                    return StreamedReply(response, url, path, dialect)
                 return WholeReply(response, url, path, await read(response))
             head = await read(response, limit=ROUTE_404_MAX_BYTES)
             if not is_route_level_404(404, head):

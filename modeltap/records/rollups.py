@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from modeltap.records.exchange import RolloutOutcome
 from modeltap.records.jsontext import dumps, safe_text
+from modeltap.records.sql import statements
 
 if TYPE_CHECKING:
     from sqlite3 import Connection
@@ -104,9 +105,8 @@ INSERT INTO label_groups (key, value, sessions, exchanges, prompt_tokens, comple
 def upgrade(conn: Connection) -> None:
     """Schema 2 -> 3: add the tables and columns, and fill them from what is stored."""
     for script in (SCHEMA_3, _BACKFILL):
-        for statement in script.split(";"):
-            if statement.strip():
-                conn.execute(statement)
+        for statement in statements(script):
+            conn.execute(statement)
 
 
 @dataclass(slots=True)

@@ -13,10 +13,11 @@ references.py, token_store.py) and a migration step calls.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from modeltap.records import references, rollups, token_store
+from modeltap.records.sql import statements
 
 
 def _rollups_and_references(conn: sqlite3.Connection) -> None:
@@ -121,7 +122,7 @@ def migrate(conn: sqlite3.Connection) -> int:
             if callable(migration):
                 migration(conn)
             else:
-                for statement in _statements(migration):
+                for statement in statements(migration):
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {step + 1}")
             conn.execute("COMMIT")
@@ -129,13 +130,6 @@ def migrate(conn: sqlite3.Connection) -> int:
             conn.execute("ROLLBACK")
             raise
     return SCHEMA_VERSION
-
-
-def _statements(script: str) -> Iterator[str]:
-    # executescript() would commit the open transaction first; split so a step stays atomic.
-    for statement in script.split(";"):
-        if statement.strip():
-            yield statement
 
 
 def wal_path(path: Path) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from modeltap import dialects
+from modeltap.dialects.roles import Streams
 from modeltap.dialects.sse import split_events
 
 
@@ -27,5 +28,8 @@ def stream_events(ex: dict[str, Any], raw: bytes | None, *, include_usage: bool 
         request = {}
     if include_usage is None:
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-    events = dialects.of_record(ex["endpoint"]).synthesise(ex.get("response") or {}, include_usage)
+    dialect = dialects.of_record(ex["endpoint"])
+    if not isinstance(dialect, Streams):
+        return []
+    events = dialect.synthesise(ex.get("response") or {}, include_usage)
     return events if ex.get("stream_complete") is not False else events[:-1]

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from modeltap.dialects.roles import AsChat, ReturnsTokenIds
 from modeltap.dialects.token_ids import TokenIds, common_prefix
 from modeltap.records.continuity import (
     ContinuedTurn,
@@ -49,7 +50,7 @@ from modeltap.records.continuity import (
 if TYPE_CHECKING:
     import sqlite3
 
-    from modeltap.dialects.base import Dialect
+    from modeltap.dialects.roles import Dialect
     from modeltap.records.exchange import Exchange
 
 log = logging.getLogger(__name__)
@@ -337,12 +338,14 @@ def recorded_ids(ex: Exchange, dialect: Dialect, request: Any, response: Any) ->
     carries (the writer stores the response without them: `dialects.token_ids.without_ids`)."""
     if ex.token_ids is not None:
         return ex.token_ids
-    return dialect.token_ids(request, response) if ex.status == 200 and ex.error_class is None else None
+    if not isinstance(dialect, ReturnsTokenIds) or ex.status != 200 or ex.error_class is not None:
+        return None
+    return dialect.token_ids(request, response)
 
 
 def _chat(dialect: Dialect, request: Any, response: Any) -> _Chat | None:
     """The exchange as OpenAI chat, or None for a format without a conversation."""
-    if not isinstance(request, dict) or not isinstance(response, dict):
+    if not isinstance(dialect, AsChat) or not isinstance(request, dict) or not isinstance(response, dict):
         return None
     try:
         conversation = dialect.conversation(request, response)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modeltap import dialects
+from modeltap.dialects.roles import AsChat
 from modeltap.records.continuity import TokenDrift
 from modeltap.records.exchange import BudgetRecord
 from modeltap.records.message_text import tool_results
@@ -226,7 +227,8 @@ def turn_record(
         tool_results=tool_results(added),
         budget=BudgetRecord.from_json(ex["budget"]),
         error=error,
-        tool_call_parse_failure=dialect.tool_call_parse_failure(ex.get("response")),
+        tool_call_parse_failure=isinstance(dialect, AsChat)
+        and dialect.tool_call_parse_failure(ex.get("response")),
         user_agent=ex["user_agent"],
         retry_count=ex["retry_count"],
         client_disconnected=ex["client_disconnected"],

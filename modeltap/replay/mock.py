@@ -35,6 +35,7 @@ from aiohttp import hdrs, web
 
 from modeltap import dialects
 from modeltap.dialects.base import ApiError, route_suffix
+from modeltap.dialects.roles import Streams
 from modeltap.records.reader import StoreReader
 from modeltap.records.streams import stream_events
 from modeltap.replay.replay import without_session
@@ -263,7 +264,7 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     }
     status = ex["status"] or 502
     wants_stream = isinstance(body, dict) and body.get("stream") is True
-    streams = dialects.of_record(ex["endpoint"]).streams
+    streams = isinstance(dialects.of_record(ex["endpoint"]), Streams)
     if wants_stream and status == 200 and streams and ex.get("response") is not None:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         events = stream_events(ex, entry.raw_sse, include_usage=include_usage)

@@ -23,7 +23,8 @@ import pytest
 from modeltap.cli import main
 from modeltap.exporters import otlp
 from modeltap.proxy.server import Proxy
-from tests.factories import ASK, BASH_TOOL, exchange, recorded
+from modeltap.testing import exchange
+from tests.factories import ASK, BASH_TOOL, recorded
 from tests.integration.conftest import records
 from tests.integration.test_proxy_sdks import BASH_ANTHROPIC
 from tests.otlp_receiver import Receiver

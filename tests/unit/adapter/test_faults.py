@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from modeltap.adapter.faults import FaultWatch, model_fault
-from tests.factories import exchange
+from modeltap.testing import exchange
 
 UNPARSED = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "", "tool_calls": None},
                          "finish_reason": "tool_calls"}]}  # fmt: skip

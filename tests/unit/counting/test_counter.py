@@ -30,7 +30,7 @@ from modeltap import dialects
 from modeltap.counting import counter as counter_module
 from modeltap.counting.counter import CountError, TokenCounter
 from modeltap.counting.segments import Segments
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect
 from tests.factories import byte_level_tokenizer, qwen_folder
 
 # Hypothesis budgets: enough generated conversations to cover tools, tool calls, unicode, code and

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from modeltap import dialects
 from modeltap.dialects.base import Summary
+from modeltap.dialects.roles import AsChat
 from modeltap.dialects.sse import StreamAssembler
 from tests.factories import (
     CREATED,
@@ -46,7 +47,8 @@ def new_messages(endpoint: str, request: Any, previous: Any) -> list[Any]:
 
 
 def tool_call_parse_failure(endpoint: str, response: Any) -> bool:
-    return dialects.of_record(endpoint).tool_call_parse_failure(response)
+    dialect = dialects.of_record(endpoint)
+    return isinstance(dialect, AsChat) and dialect.tool_call_parse_failure(response)
 
 
 ARGUMENTS = '{"command": "echo $((6 * 7))"}'
@@ -210,9 +212,19 @@ def test_custom_tool_call_in_responses() -> None:
     assert summary.text is None
 
 
-@pytest.mark.parametrize("endpoint", ["models", "embeddings", "count_tokens", "nonsense"])
-def test_endpoints_that_generate_nothing_summarise_model_and_usage(endpoint: str) -> None:
-    response = {"model": "emb", "usage": {"prompt_tokens": 8, "total_tokens": 8}}
+@pytest.mark.parametrize(
+    ("endpoint", "usage"),
+    [
+        ("models", {"prompt_tokens": 8, "total_tokens": 8}),
+        ("embeddings", {"prompt_tokens": 8, "total_tokens": 8}),
+        ("nonsense", {"prompt_tokens": 8, "total_tokens": 8}),
+        ("count_tokens", {"input_tokens": 8}),  # Anthropic's usage, as every Anthropic format reads it
+    ],
+)
+def test_endpoints_that_generate_nothing_summarise_model_and_usage(
+    endpoint: str, usage: dict[str, int]
+) -> None:
+    response = {"model": "emb", "usage": usage}
     assert summarize(endpoint, None, response) == Summary(prompt_tokens=8, model="emb")
 
 

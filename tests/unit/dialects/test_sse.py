@@ -21,6 +21,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from modeltap import dialects
+from modeltap.dialects.roles import Streams
 from modeltap.dialects.sse import Assembled, SSEDecoder, SSEEvent, StreamAssembler
 from tests.factories import (
     SSE_DONE,
@@ -746,9 +747,9 @@ def test_result_is_final() -> None:
     assert assembler.result() is first
 
 
-def test_a_format_that_does_not_stream_is_refused_at_construction() -> None:
-    with pytest.raises(ValueError, match="embeddings does not stream"):
-        StreamAssembler(dialects.named("embeddings"))
+def test_only_a_format_that_streams_has_an_assembler() -> None:
+    assert not isinstance(dialects.named("embeddings"), Streams)
+    assert not hasattr(dialects.named("embeddings"), "assembler")
 
 
 # --- never raises -------------------------------------------------------------------------------------

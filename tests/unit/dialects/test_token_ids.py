@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from modeltap import dialects
+from modeltap.dialects.roles import ReturnsTokenIds
 from modeltap.dialects.sse import StreamAssembler
 from modeltap.dialects.token_ids import TokenIds, common_prefix, without_ids
 from tests.factories import (
@@ -29,7 +30,8 @@ COMPLETION = te.completion(TEXT)
 
 
 def served(endpoint: str, body: Any) -> TokenIds | None:
-    return dialects.named(endpoint).token_ids({}, body)
+    dialect = dialects.named(endpoint)
+    return dialect.token_ids({}, body) if isinstance(dialect, ReturnsTokenIds) else None
 
 
 def test_vllm_chat_has_the_prompt_at_the_top_and_the_completion_on_the_choice() -> None:

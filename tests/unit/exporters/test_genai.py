@@ -15,13 +15,13 @@ from modeltap.exporters import genai
 from modeltap.exporters.genai import Call, attributes, span_name
 from modeltap.records.exchange import BudgetRecord
 from modeltap.records.reader import StoreReader
+from modeltap.testing import exchange
 from tests.factories import (
     ASK,
     BASH_TOOL,
     MODEL,
     assistant,
     chat_completion,
-    exchange,
     message,
     recorded,
     tool_call,

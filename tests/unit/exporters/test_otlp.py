@@ -13,7 +13,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from modeltap.exporters import otlp
 from modeltap.exporters.genai import Call
 from modeltap.records.exchange import BudgetRecord
-from tests.factories import ASK, exchange
+from modeltap.testing import exchange
+from tests.factories import ASK
 
 STARTED = 1764457200.0
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from modeltap import dialects
 from modeltap.counting.counter import TokenCounter
-from modeltap.dialects.base import Dialect
+from modeltap.dialects.roles import Dialect
 from modeltap.proxy.budget import Budget, Limits, decide, discover_limits
 from modeltap.proxy.errors import BadRequest
 from modeltap.proxy.upstream import Upstream

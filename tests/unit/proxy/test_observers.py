@@ -12,7 +12,7 @@ import pytest
 from modeltap.proxy import observers
 from modeltap.proxy.observers import Observers
 from modeltap.records.exchange import Exchange, SessionEvent
-from tests.factories import exchange
+from modeltap.testing import exchange
 
 
 class Recorder:

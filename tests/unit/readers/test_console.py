@@ -8,7 +8,8 @@ import re
 
 from modeltap.readers.console import ConsoleLog
 from modeltap.records.exchange import BudgetRecord
-from tests.factories import assistant, chat_completion, exchange, tool_call, usage
+from modeltap.testing import exchange
+from tests.factories import assistant, chat_completion, tool_call, usage
 
 REPLY = chat_completion(assistant("The answer is 42."), usage=usage(25, 5))
 CALL = chat_completion(

@@ -13,16 +13,8 @@ from modeltap.readers.grep import compile_pattern, context, hit_line, search
 from modeltap.records.exchange import Exchange, RolloutOutcome
 from modeltap.records.query import SessionQuery
 from modeltap.records.stores import Stores
-from tests.factories import (
-    ASK,
-    assistant,
-    exchange,
-    function_call_item,
-    recorded,
-    response,
-    rollout,
-    tool_call,
-)
+from modeltap.testing import exchange
+from tests.factories import ASK, assistant, function_call_item, recorded, response, rollout, tool_call
 
 
 def bash(call_id: str, command: str) -> dict[str, Any]:

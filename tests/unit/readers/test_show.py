@@ -9,7 +9,8 @@ from modeltap.readers.show import session_turns, tail_line, turn_text
 from modeltap.records.exchange import BudgetRecord, Exchange
 from modeltap.records.reader import StoreReader
 from modeltap.records.turns import TurnError, turns
-from tests.factories import assistant, exchange, recorded, tool_call
+from modeltap.testing import exchange
+from tests.factories import assistant, recorded, tool_call
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 ASK = {"role": "user", "content": "Run `echo $((6 * 7))`."}

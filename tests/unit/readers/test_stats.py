@@ -12,7 +12,8 @@ from modeltap.readers.stats import percentile, stats, stats_table
 from modeltap.records.query import SessionQuery
 from modeltap.records.reader import StoreReader
 from modeltap.records.stores import Stores
-from tests.factories import ASK, assistant, exchange, recorded, rollout, tool_call
+from modeltap.testing import exchange
+from tests.factories import ASK, assistant, recorded, rollout, tool_call
 
 
 def bash(call_id: str) -> dict[str, Any]:

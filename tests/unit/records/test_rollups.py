@@ -13,7 +13,8 @@ from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.query import SessionQuery
 from modeltap.records.reader import StoreReader
 from modeltap.records.store import RecordStore
-from tests.factories import assistant, chat_completion, exchange
+from modeltap.testing import exchange
+from tests.factories import assistant, chat_completion
 
 
 def turn(session: str, labels: dict[str, str], rng: random.Random, at: float) -> Exchange:

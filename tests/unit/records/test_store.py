@@ -17,7 +17,7 @@ from modeltap.records.exchange import Exchange, SessionEvent
 from modeltap.records.reader import StoreReader
 from modeltap.records.schema import SCHEMA_VERSION, connect, migrate
 from modeltap.records.store import RECORD_ERROR, RecordStore, StoreClosed
-from tests.factories import exchange
+from modeltap.testing import exchange
 
 WORDS = "the proxy records every turn of an agent run with its tools tokens and timing".split()
 

@@ -13,7 +13,8 @@ import pytest
 
 from modeltap.records.reader import StoreReader
 from modeltap.records.store import RECORD_ERROR, RecordStore
-from tests.factories import exchange, recorded
+from modeltap.testing import exchange
+from tests.factories import recorded
 
 HALF_EMOJI = "\ud83d"  # what a JavaScript agent sends after cutting "😀" in half
 NOT_UTF8_HEADER = "curl/8 \udcff"  # aiohttp's surrogate escape of a 0xff byte in a header

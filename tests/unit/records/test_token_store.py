@@ -20,7 +20,8 @@ from modeltap.readers.show import session_turns, turn_text
 from modeltap.records.reader import StoreReader
 from modeltap.records.schema import SCHEMA_VERSION, migrate
 from modeltap.records.turns import turns
-from tests.factories import chat_completion, exchange, recorded, usage
+from modeltap.testing import exchange
+from tests.factories import chat_completion, recorded, usage
 from tests.standins import token_engine as te
 from tests.token_sessions import ASK, SYSTEM, TOOLS, served_turn, tool_session
 

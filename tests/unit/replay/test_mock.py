@@ -18,7 +18,8 @@ from modeltap.proxy.config import DEFAULT_MAX_BODY_BYTES
 from modeltap.records.exchange import Exchange
 from modeltap.replay import mock as mock_module
 from modeltap.replay.mock import Mock, body_digest, divergence, load_mock, mock_app, route_key
-from tests.factories import assistant, chat_completion, exchange, recorded, usage
+from modeltap.testing import exchange
+from tests.factories import assistant, chat_completion, recorded, usage
 
 ClientFactory = Callable[..., Any]
 
