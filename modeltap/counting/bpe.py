@@ -45,6 +45,16 @@ log = logging.getLogger(__name__)
 
 Encoder = Callable[[str], list[int]]
 
+
+@dataclass(frozen=True, slots=True)
+class FastBPE:
+    """tiktoken proven to encode as the tokenizer does: `encode` for the text between added tokens,
+    and `token_bytes` for the bytes each of its ids stands for (decoding; not for added tokens)."""
+
+    encode: Encoder
+    token_bytes: Callable[[int], bytes]
+
+
 # The regex of the `ByteLevel(use_regex=True)` pre-tokenizer of the `tokenizers` library (GPT-2's).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -61,7 +71,7 @@ PROBE_TEXT = (
 _UNSUPPORTED_MODEL_FIELDS = ("dropout", "byte_fallback", "continuing_subword_prefix", "end_of_word_suffix")
 
 
-def exact_tiktoken(path: Path, pipeline: Tokenizer, added: Collection[str]) -> Encoder | None:
+def exact_tiktoken(path: Path, pipeline: Tokenizer, added: Collection[str]) -> FastBPE | None:
     """An encoder of text between added tokens giving the ids `tokenizers` gives, or None where that
     cannot be proven (the caller then encodes with `tokenizers` itself).
 
@@ -86,7 +96,7 @@ def exact_tiktoken(path: Path, pipeline: Tokenizer, added: Collection[str]) -> E
     if encoder(PROBE_TEXT) != proven.probe_ids:
         log.info("counting with the tokenizers library: tiktoken disagrees with it on the probe text")
         return None
-    return encoder
+    return FastBPE(encoder, encoding.decode_single_token_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,15 +28,13 @@ log = logging.getLogger(__name__)
 
 class IdRenderer:
     """Prompt and reply ids made by the served model's template and tokenizer, where the server
-    returns none. The template is the budget's counter's; the encoder is the tokenizer folder's own
-    `tokenizers` model with its vocabulary (Qwen2.5's takes ~80 MB), loaded once, here, because the
-    counter keeps only counts. Build it off the event loop; its methods block."""
+    returns none. The template and the encoder are the budget's counter's (one loaded tokenizer per
+    folder and process: counting/loaded.py), so rendering ids costs no second copy of the vocabulary.
+    Its methods block: call them off the event loop."""
 
     def __init__(self, counter: TokenCounter) -> None:
-        from modeltap.counting.tokenizer_files import TokenizerFiles
-
         self._counter = counter
-        self._tokenizer: Tokenizer = TokenizerFiles.load(counter.tokenizer.folder).tokenizer
+        self._loaded = counter.tokenizer
 
     def ids(self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None) -> list[int]:
         """The ids of `body`'s prompt as the server renders and encodes it; with `reply`, of the
@@ -49,15 +47,27 @@ class IdRenderer:
             prompt, text = rendered.prompt, (reply or {}).get("content") or ""
             if not isinstance(prompt, str) or not isinstance(text, str):
                 raise CountError("only a completions prompt of text is rendered into ids")
-            # Servers encode a completions prompt with the tokenizer's special tokens (BOS).
-            return list(self._tokenizer.encode(prompt + text, add_special_tokens=True).ids)
+            if self._loaded.special_tokens_added:
+                # Servers encode a completions prompt with the tokenizer's special tokens (BOS), which
+                # only the whole tokenizer's post-processor adds.
+                return self._with_special_tokens(prompt + text)
+            return self._loaded.encode_ids(prompt + text)
         # The template writes BOS itself where the model has one (docs/token-budgets.md §5.2).
-        return list(self._tokenizer.encode(rendered, add_special_tokens=False).ids)
+        return self._loaded.encode_ids(rendered)
 
     def decode_each(self, ids: list[int]) -> list[str]:
         """Each id's text on its own (special tokens included), for showing where two id sequences
         part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
-        return [self._tokenizer.decode([token], skip_special_tokens=False) for token in ids]
+        token_bytes = self._loaded.token_bytes
+        if token_bytes is None:
+            return [str(token) for token in ids]
+        return [token_bytes(token).decode("utf-8", "replace") for token in ids]
+
+    def _with_special_tokens(self, text: str) -> list[int]:
+        from modeltap.counting.tokenizer_files import TokenizerFiles
+
+        tokenizer: Tokenizer = TokenizerFiles.load(self._loaded.folder).tokenizer
+        return list(tokenizer.encode(text, add_special_tokens=True).ids)
 
 
 def rendered_ids(

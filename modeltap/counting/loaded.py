@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import threading
+import types
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ import jinja2
 from modeltap.counting import bpe
 from modeltap.counting.segments import Segments
 from modeltap.counting.template import ChatTemplate
-from modeltap.counting.tokenizer_files import TOKENIZER_FILE, TokenizerFiles
+from modeltap.counting.tokenizer_files import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TokenizerFiles
+from modeltap.counting.tokenizer_json import TokenizerJson
 from modeltap.counting.windows import AppendStability
 
 # Piece counts kept, by the pieces' characters: the openings many conversations share (system prompt,
@@ -49,7 +51,11 @@ _HUB_CACHE_ENV = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
 @dataclass(frozen=True, slots=True, eq=False)
 class LoadedTokenizer:
     """A tokenizer folder loaded for counting: the chat template, the pieces' encoder and cache, and
-    the one-time proofs of its windows. Shared by every counter of the process on that folder."""
+    the one-time proofs of its windows. Shared by every counter of the process on that folder, and by
+    what renders or builds token ids (ids.py, continuation.py): `encode_ids` gives the ids of text as
+    the tokenizer encodes it (added tokens recognised, nothing added around it), `token_bytes` the
+    bytes an id stands for (None where ids cannot be decoded byte for byte: a tokenizer that is not
+    byte-level BPE), `added_ids` each added token's id."""
 
     folder: Path
     template: ChatTemplate
@@ -61,6 +67,9 @@ class LoadedTokenizer:
     special_tokens_added: int
     reference_count: Callable[[str], int]
     string_content: Mapping[str, bool]
+    encode_ids: Callable[[str], list[int]]
+    token_bytes: Callable[[int], bytes] | None
+    added_ids: Mapping[str, int]
 
     @classmethod
     def load(cls, folder: Path, cache_max_chars: int = SEGMENT_CACHE_MAX_CHARS) -> LoadedTokenizer:
@@ -79,13 +88,25 @@ class LoadedTokenizer:
         backend = files.tokenizer
 
         def piece(text: str) -> list[int]:
-            return backend.encode(text, add_special_tokens=False).ids
+            return list(backend.encode(text, add_special_tokens=False).ids)
 
-        segments = Segments(added, fast or piece, cache_max_chars) if splittable else None
+        # The vocabulary-less pipeline numbers its added tokens from 0: their ids are read from the files.
+        added_ids = _added_ids(folder, added) if fast is not None else None
+        if fast is not None and added_ids is None:
+            fast, files = None, TokenizerFiles.load(folder)
+            backend = files.tokenizer
+        if added_ids is None:
+            added_ids = {token.content: index for index, token in files.added_tokens.items()}
+        encode = fast.encode if fast is not None else piece
+        segments = Segments(added, encode, cache_max_chars) if splittable else None
         if fast is not None and segments is not None:
             reference = segments.encode_count
+            encode_ids = functools.partial(segments.ids, added_ids=added_ids, encode=fast.encode)
+            token_bytes: Callable[[int], bytes] | None = _with_added(fast.token_bytes, added_ids)
         else:
             reference = functools.partial(_encoded_length, backend)
+            encode_ids = functools.partial(_encoded_ids, backend)
+            token_bytes = _byte_level_bytes(backend, pipeline)
         names = files.template.templates
         return cls(
             folder=folder,
@@ -96,6 +117,9 @@ class LoadedTokenizer:
             special_tokens_added=backend.num_special_tokens_to_add(False),
             reference_count=reference,
             string_content={name: _template_wants_string_content(source) for name, source in names.items()},
+            encode_ids=encode_ids,
+            token_bytes=token_bytes,
+            added_ids=types.MappingProxyType(added_ids),
         )
 
 
@@ -185,6 +209,69 @@ def _signature(path: Path) -> tuple[int, int] | None:
 
 def _encoded_length(backend: Any, text: str) -> int:
     return len(backend.encode(text, add_special_tokens=False).ids)
+
+
+def _added_ids(folder: Path, added: list[str]) -> dict[str, int] | None:
+    """Each added token's id, as tokenizer.json and tokenizer_config.json's `added_tokens_decoder`
+    declare them (the config's win, as in transformers); None when a token is declared in neither (one
+    transformers adds from the special tokens alone gets its id from the vocabulary's size)."""
+    with TokenizerJson.read(folder / TOKENIZER_FILE) as document:
+        listed = document.spec.get("added_tokens")
+    ids = {
+        t["content"]: t["id"] for t in listed or [] if isinstance(t, dict) and isinstance(t.get("id"), int)
+    }
+    try:
+        config = json.loads((folder / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    for index, spec in (config.get("added_tokens_decoder") or {}).items():
+        if isinstance(spec, dict) and isinstance(spec.get("content"), str) and str(index).isdigit():
+            ids[spec["content"]] = int(index)
+    return ids if all(token in ids for token in added) else None
+
+
+def _encoded_ids(backend: Any, text: str) -> list[int]:
+    return list(backend.encode(text, add_special_tokens=False).ids)
+
+
+def _with_added(token_bytes: Callable[[int], bytes], added_ids: Mapping[str, int]) -> Callable[[int], bytes]:
+    """`token_bytes` for tiktoken's ids, and each added token's text for its id."""
+    added = {index: content.encode() for content, index in added_ids.items()}
+
+    def decode(token: int) -> bytes:
+        found = added.get(token)
+        return found if found is not None else token_bytes(token)
+
+    return decode
+
+
+def _byte_level_bytes(backend: Any, pipeline: Mapping[str, Any]) -> Callable[[int], bytes] | None:
+    """Each id's bytes through the tokenizers library, for a byte-level BPE (GPT-2's byte-to-character
+    map, https://github.com/huggingface/tokenizers/blob/v0.23.0/tokenizers/src/pre_tokenizers/byte_level.rs);
+    None for any other decoder, whose ids are not bytes."""
+    decoder = pipeline.get("decoder") or {}
+    kinds = (
+        {step.get("type") for step in decoder.get("decoders", [decoder])}
+        if isinstance(decoder, dict)
+        else set()
+    )
+    if "ByteLevel" not in kinds:
+        return None
+    to_byte = {char: byte for byte, char in bpe.bytes_to_unicode().items()}
+    added: dict[int, bytes] = {
+        i: token.content.encode() for i, token in backend.get_added_tokens_decoder().items()
+    }
+
+    def decode(token: int) -> bytes:
+        found = added.get(token)
+        if found is not None:
+            return found
+        piece: str | None = backend.id_to_token(token)
+        if piece is None:
+            raise ValueError(f"token id {token} is not in the vocabulary")
+        return bytes(to_byte[char] for char in piece)
+
+    return decode
 
 
 def _template_wants_string_content(template: str) -> bool:

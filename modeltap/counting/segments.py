@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import re
 import threading
-from collections.abc import Callable, Collection, Sized
+from collections.abc import Callable, Collection, Mapping, Sized
 
 
 class Segments:
@@ -80,6 +80,19 @@ class Segments:
                     cut, before = pos + len(piece), total
             pos += len(piece)
         return total, cut, before
+
+    def ids(self, text: str, added_ids: Mapping[str, int], encode: Callable[[str], list[int]]) -> list[int]:
+        """The ids of `text`: each added token's own id (`added_ids`), the pieces between encoded by
+        `encode` (the same encoder as the counts'); not cached."""
+        if self._pattern is None:
+            return encode(text)
+        out: list[int] = []
+        for index, piece in enumerate(self._pattern.split(text)):
+            if index % 2:
+                out.append(added_ids[piece])
+            elif piece:
+                out += encode(piece)
+        return out
 
     def encode_count(self, text: str) -> int:
         """`count` without the cache: what a sampled check compares the cached counts with."""

@@ -31,7 +31,8 @@ def _save(path: Path, tok: Tokenizer) -> Path:
 
 def _encoder(file: Path) -> bpe.Encoder | None:
     tok = Tokenizer.from_file(str(file))
-    return bpe.exact_tiktoken(file, tok, [t.content for t in tok.get_added_tokens_decoder().values()])
+    fast = bpe.exact_tiktoken(file, tok, [t.content for t in tok.get_added_tokens_decoder().values()])
+    return fast.encode if fast is not None else None
 
 
 @pytest.fixture(scope="module")
