@@ -82,6 +82,17 @@ class CountError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Prepared:
+    """A chat request as the engine prepares it before rendering: its messages normalised
+    (compat/prompts.py), its tools, and the template kwargs in force (the configured, then the
+    request's own)."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: list[Any] | None
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class CounterStats:
     """What the counter has done so far, for `serve`'s status line, the benchmarks and the tests.
 
@@ -211,6 +222,23 @@ class TokenCounter:
             if isinstance(exc, CountError):
                 raise
             raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
+
+    def prepared(self, dialect: Dialect, body: dict[str, Any]) -> Prepared:
+        """`body`'s chat prompt as the engine prepares it before rendering (what `count` renders).
+        Raises CountError for a body with no chat prompt (a completions prompt) or one that cannot be
+        read."""
+        try:
+            prompt = dialect.prompt(body, openai_typed=self._openai_typed_chat)
+            if isinstance(prompt, TextPrompt):
+                raise CountError("a completions prompt has no chat messages to prepare")
+            request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
+            normalise = self._normaliser(prompt.tools)
+            messages = tuple(normalise(message) for message in prompt.messages)
+        except RENDER_ERRORS as exc:
+            if isinstance(exc, CountError):
+                raise
+            raise CountError(f"cannot read the prompt of this {dialect.name} request: {exc}") from exc
+        return Prepared(messages, list(prompt.tools) if prompt.tools else None, self._kwargs(request_kwargs))
 
     def render(
         self, dialect: Dialect, body: dict[str, Any], reply: Mapping[str, Any] | None = None

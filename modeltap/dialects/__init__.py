@@ -19,6 +19,7 @@ from modeltap.dialects import (
     openai_embeddings,
     openai_models,
     openai_responses,
+    sglang_generate,
 )
 from modeltap.dialects.roles import ROLES, Dialect, GeneratesNothing, OpenAIShaped
 
@@ -40,7 +41,10 @@ DIALECTS: tuple[Dialect, ...] = (
     anthropic_messages.DIALECT,
     anthropic_count_tokens.DIALECT,
 )
-_BY_NAME = {dialect.name: dialect for dialect in DIALECTS}
+# Formats modeltap speaks to an engine and no agent calls (`serve --tokens exact`): known by name, for
+# the records, and routed nowhere.
+ENGINE_DIALECTS: tuple[Dialect, ...] = (sglang_generate.DIALECT,)
+_BY_NAME = {dialect.name: dialect for dialect in (*DIALECTS, *ENGINE_DIALECTS)}
 _UNROUTED = Unrouted()
 _BY_ROUTE = {dialect.route: dialect for dialect in DIALECTS}
 

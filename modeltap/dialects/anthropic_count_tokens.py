@@ -19,6 +19,7 @@ from modeltap.dialects.roles import (
     ReturnsTokenIds,
     Streams,
     ThroughChat,
+    TokenEndpoint,
 )
 
 
@@ -26,7 +27,7 @@ class CountTokens(
     anthropic_messages.AnthropicShaped,
     GeneratesNothing,
     CountsPrompt,
-    declines=(Streams, AsChat, ThroughChat, ReturnsTokenIds),
+    declines=(Streams, AsChat, ThroughChat, ReturnsTokenIds, TokenEndpoint),
 ):
     """A count generates nothing (no budget, no reply), but has the prompt `/v1/messages` renders."""
 

@@ -40,7 +40,7 @@ from modeltap.dialects.base import (
     tool_call,
 )
 from modeltap.dialects.openai_chat import ChatDeltas, request_options
-from modeltap.dialects.roles import AsChat, CountsPrompt, Dialect, ReturnsTokenIds, ThroughChat
+from modeltap.dialects.roles import AsChat, CountsPrompt, Dialect, ReturnsTokenIds, ThroughChat, TokenEndpoint
 from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event, typed_event
 
 # The API version the anthropic SDK and Claude Code send (docs/agents.md §4.3, §5); requests need one.
@@ -234,7 +234,7 @@ class AnthropicShaped(Dialect):
         return as_int(usage.get("cache_read_input_tokens")), as_int(usage.get("cache_creation_input_tokens"))
 
 
-class Messages(AnthropicShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, CountsPrompt)):
+class Messages(AnthropicShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, CountsPrompt, TokenEndpoint)):
     name = "messages"
     route = "messages"
     areal_v1 = True

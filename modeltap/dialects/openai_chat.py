@@ -27,7 +27,15 @@ from modeltap.dialects.base import (
     tool_call,
 )
 from modeltap.dialects.openai_completions import ChoiceChunks
-from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ReturnsTokenIds, Streams, ThroughChat
+from modeltap.dialects.roles import (
+    AsChat,
+    CountsPrompt,
+    OpenAIShaped,
+    ReturnsTokenIds,
+    Streams,
+    ThroughChat,
+    TokenEndpoint,
+)
 from modeltap.dialects.sse import DONE_EVENT, data_event, index_of, list_of
 from modeltap.dialects.token_ids import TokenIds, chat_logprobs, served_ids
 
@@ -198,7 +206,9 @@ class ChatDeltas:
         return out
 
 
-class Chat(OpenAIShaped, Streams, AsChat, ReturnsTokenIds, declines=(ThroughChat, CountsPrompt)):
+class Chat(
+    OpenAIShaped, Streams, AsChat, ReturnsTokenIds, declines=(ThroughChat, CountsPrompt, TokenEndpoint)
+):
     """The format translation goes through: nothing to translate it to."""
 
     name = "chat"

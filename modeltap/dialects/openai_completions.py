@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from modeltap.dialects.base import Prompt, Reading, TextPrompt, as_dict, as_str, first_choice
-from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ReturnsTokenIds, Streams, ThroughChat
+from modeltap.dialects.base import Prompt, Reading, TextPrompt, as_dict, as_str, dicts_in, first_choice
+from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, Streams, ThroughChat, TokenEndpoint
 from modeltap.dialects.sse import DONE, DONE_EVENT, Pieces, data_event, index_of, list_of
 from modeltap.dialects.token_ids import (
+    Generated,
     TokenIds,
     completion_logprobs,
     id_list,
@@ -112,7 +113,7 @@ def usage_event(stamp: dict[str, Any], body: dict[str, Any], include_usage: bool
     return []
 
 
-class Completions(OpenAIShaped, Streams, ReturnsTokenIds, declines=(AsChat, ThroughChat, CountsPrompt)):
+class Completions(OpenAIShaped, Streams, TokenEndpoint, declines=(AsChat, ThroughChat, CountsPrompt)):
     """A text prompt: no conversation to read as chat."""
 
     name = "completions"
@@ -152,6 +153,27 @@ class Completions(OpenAIShaped, Streams, ReturnsTokenIds, declines=(AsChat, Thro
 
     def token_ids(self, request: Any, response: Any) -> TokenIds | None:
         return served_ids(response, completion_logprobs)
+
+    def generated(self, body: Any, *, streamed: bool) -> list[Generated]:
+        """Each choice's `token_ids` (in a stream, each chunk's new ones), `logprobs.token_logprobs`,
+        finish reason, and vLLM's `weight_versions` (v0.33 and later, when asked), the last span's."""
+        out = []
+        for choice in dicts_in(as_dict(body).get("choices")):
+            ids = id_list(choice.get("token_ids"))
+            if ids is None:
+                continue
+            sampled = completion_logprobs(choice)
+            versions = dicts_in(choice.get("weight_versions"))
+            out.append(
+                Generated(
+                    index_of(choice.get("index")),
+                    ids,
+                    sampled if sampled is not None and len(sampled) == len(ids) else None,
+                    as_str(choice.get("finish_reason")),
+                    as_str(versions[-1].get("version")) if versions else None,
+                )
+            )
+        return out
 
     def new_messages(self, request: Any, previous: Any) -> list[Any]:
         """One `{"role": "prompt"}` message holding what was appended to the previous prompt."""

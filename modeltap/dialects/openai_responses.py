@@ -40,7 +40,14 @@ from modeltap.dialects.base import (
     tool_call,
 )
 from modeltap.dialects.openai_chat import ChatDeltas, request_options
-from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ReturnsTokenIds, ThroughChat
+from modeltap.dialects.roles import (
+    AsChat,
+    CountsPrompt,
+    OpenAIShaped,
+    ReturnsTokenIds,
+    ThroughChat,
+    TokenEndpoint,
+)
 from modeltap.dialects.sse import Pieces, index_of, kind_of, list_of, named_event, typed_event
 
 # Final events: each carries the whole response.
@@ -147,7 +154,7 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-class Responses(OpenAIShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, CountsPrompt)):
+class Responses(OpenAIShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, CountsPrompt, TokenEndpoint)):
     """No engine returns token ids for Responses; modeltap asks for them on the chat it translates to."""
 
     name = "responses"

@@ -31,6 +31,8 @@ neither is refused when it is defined):
   `upstream_error`, and for a format whose requests chain to an earlier reply, `previous_id`,
   `reply_id`, `continued`;
 - `ReturnsTokenIds`: `token_ids`, the prompt and completion ids an engine returned (dialects/token_ids.py);
+- `TokenEndpoint`: an engine's endpoint of ids in and ids out, which `--tokens exact` sends prompts to:
+  `generated`, what each choice of an answer or stream event generated;
 - `CountsPrompt`: `count_answer`, for a format whose answer is the prompt's token count.
 
 Callers ask `isinstance(dialect, Streams)` before asking a dialect to stream, and mypy narrows.
@@ -68,7 +70,7 @@ from modeltap.dialects.base import (
 )
 
 if TYPE_CHECKING:
-    from modeltap.dialects.token_ids import TokenIds
+    from modeltap.dialects.token_ids import Generated, TokenIds
 
 # AReaL answers `"model": "None"` (docs/areal.md §1.1.6): that names no model, so the request's model is
 # shown instead.
@@ -417,6 +419,15 @@ class ReturnsTokenIds(Dialect):
         """The prompt and completion ids the engine returned with `response`, or None."""
 
 
+class TokenEndpoint(ReturnsTokenIds):
+    """The role of an engine's own endpoint that takes a prompt of token ids and answers generated ids
+    (vLLM's `/v1/completions`, SGLang's `/generate`), which `serve --tokens exact` sends prompts to."""
+
+    @abstractmethod
+    def generated(self, body: Any, *, streamed: bool) -> list[Generated]:
+        """What each choice of an answer (`streamed`: one stream event) generated."""
+
+
 class CountsPrompt(Dialect):
     """The role of a format whose answer is the prompt's token count, which modeltap gives itself."""
 
@@ -425,5 +436,12 @@ class CountsPrompt(Dialect):
         """The answer for a prompt of `prompt_tokens` tokens."""
 
 
-ROLES: tuple[type[Dialect], ...] = (Streams, AsChat, ThroughChat, ReturnsTokenIds, CountsPrompt)
+ROLES: tuple[type[Dialect], ...] = (
+    Streams,
+    AsChat,
+    ThroughChat,
+    ReturnsTokenIds,
+    TokenEndpoint,
+    CountsPrompt,
+)
 """The optional roles: a format plays each or declines it."""

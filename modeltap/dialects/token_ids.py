@@ -49,6 +49,21 @@ class TokenIds:
     source: TokenSource = "served"
 
 
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """What an engine's token endpoint answered for one choice: its `index`, the generated `ids` (in a
+    stream chunk, the new ones, or all so far where the engine streams them `cumulative`), their
+    `logprobs` (None where the engine gave none or not one per id), the finish reason when the choice
+    ended (`stop`, `length`, `abort`), and the weight version the engine reports for it."""
+
+    index: int
+    ids: list[int]
+    logprobs: list[float | None] | None = None
+    finish_reason: str | None = None
+    weight_version: str | None = None
+    cumulative: bool = False
+
+
 def served_ids(response: Any, logprobs: LogprobReader) -> TokenIds | None:
     """The first choice's ids in `response` (a non-streamed body, or an assembled stream), or None
     when it holds no prompt ids or no completion ids. `logprobs` reads a choice's logprobs."""

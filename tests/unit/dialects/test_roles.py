@@ -15,12 +15,13 @@ from modeltap.dialects.roles import (
     ReturnsTokenIds,
     Streams,
     ThroughChat,
+    TokenEndpoint,
 )
 
 # What each format plays, stated here rather than read from the classes.
 PLAYS = {
     "chat": {Streams, AsChat, ReturnsTokenIds},
-    "completions": {Streams, ReturnsTokenIds},
+    "completions": {Streams, ReturnsTokenIds, TokenEndpoint},
     "responses": {Streams, ThroughChat, AsChat},
     "embeddings": set(),
     "models": set(),
@@ -64,6 +65,12 @@ def test_a_role_played_must_be_provided_whole() -> None:
 
     with pytest.raises(TypeError, match="abstract method"):
         HalfStream()  # type: ignore[abstract]
+
+
+def test_an_engine_format_is_known_by_name_and_routed_nowhere() -> None:
+    generate = dialects.named("generate")
+    assert {role for role in ROLES if isinstance(generate, role)} == {Streams, ReturnsTokenIds, TokenEndpoint}
+    assert generate not in dialects.DIALECTS and dialects.for_route("generate") is None
 
 
 def test_an_unrouted_exchange_reads_as_a_format_of_nothing() -> None:
