@@ -18,7 +18,7 @@ new messages, where K turn ends close the render of the conversation up to the r
 only a window of the conversation is rendered (windows.py), so a turn costs what it adds.
 
     builder = PromptBuilder(counter)
-    built = builder.build(dialects.named("chat"), body, previous)      # off the event loop
+    built = builder.build(dialects.named("chat"), body, session_turns)   # off the event loop
     built.ids, built.continued, built.reason
 """
 
@@ -60,12 +60,12 @@ class BuiltTurn:
     (windows.py), and per choice the completion ids as the engine returned them with the reply modeltap
     answered (an OpenAI chat assistant message)."""
 
-    prompt: tuple[int, ...]
+    prompt: Sequence[int]
     messages: tuple[dict[str, Any], ...]
     tools: list[Any] | None
     kwargs: dict[str, Any]
     rewritable: tuple[int, ...]
-    completions: tuple[tuple[int, ...], ...]
+    completions: tuple[Sequence[int], ...]
     replies: tuple[dict[str, Any], ...]
 
 
@@ -99,19 +99,22 @@ class PromptBuilder:
             )
         self.turn_end = study_turn_end(loaded.template, loaded.added_ids)
 
-    def build(self, dialect: Dialect, body: dict[str, Any], previous: BuiltTurn | None) -> BuiltPrompt:
-        """The prompt ids of `body` (a request of `dialect`, chat), continuing `previous` where its
-        history does. Raises CountError for a body the template cannot render."""
+    def build(self, dialect: Dialect, body: dict[str, Any], earlier: Sequence[BuiltTurn]) -> BuiltPrompt:
+        """The prompt ids of `body` (a request of `dialect`, chat), continuing the first of `earlier`
+        (a session's turns, newest first) whose history it continues; else rendered in full, with the
+        reason the newest was not continued. Raises CountError for a body the template cannot
+        render."""
         prepared = self._counter.prepared(dialect, body)
-        if previous is not None:
-            choice, reason = continues(previous, prepared)
+        reason = "no earlier turn of this session"
+        for number, previous in enumerate(earlier):
+            choice, why = continues(previous, prepared)
             if choice is not None:
                 built = self._continued(previous, choice, prepared)
                 if built is not None:
                     return built
-                reason = "the template renders the new messages differently after a window"
-        else:
-            reason = "no earlier turn of this session"
+                why = "the template renders the new messages differently after a window"
+            if number == 0:
+                reason = why or reason
         return self._rendered(prepared, reason)
 
     def _continued(self, previous: BuiltTurn, choice: int, prepared: Prepared) -> BuiltPrompt | None:

@@ -223,6 +223,11 @@ class TokenCounter:
                 raise
             raise CountError(f"cannot render the prompt of this {dialect.name} request: {exc}") from exc
 
+    def normalised(self, message: Mapping[str, Any], tools: Sequence[Any] | None) -> dict[str, Any]:
+        """One message as the engine prepares it for the template (compat/prompts.py), with `tools`
+        deciding which of the model's templates renders it."""
+        return self._normaliser(tools)(message)
+
     def prepared(self, dialect: Dialect, body: dict[str, Any]) -> Prepared:
         """`body`'s chat prompt as the engine prepares it before rendering (what `count` renders).
         Raises CountError for a body with no chat prompt (a completions prompt) or one that cannot be

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from modeltap.dialects.base import Prompt, Reading, TextPrompt, as_dict, as_str, dicts_in, first_choice
-from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, Streams, ThroughChat, TokenEndpoint
+from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ThroughChat, TokenEndpoint
 from modeltap.dialects.sse import DONE, DONE_EVENT, Pieces, data_event, index_of, list_of
 from modeltap.dialects.token_ids import (
     Generated,
@@ -113,7 +113,7 @@ def usage_event(stamp: dict[str, Any], body: dict[str, Any], include_usage: bool
     return []
 
 
-class Completions(OpenAIShaped, Streams, TokenEndpoint, declines=(AsChat, ThroughChat, CountsPrompt)):
+class Completions(OpenAIShaped, TokenEndpoint, declines=(AsChat, ThroughChat, CountsPrompt)):
     """A text prompt: no conversation to read as chat."""
 
     name = "completions"

@@ -419,7 +419,7 @@ class ReturnsTokenIds(Dialect):
         """The prompt and completion ids the engine returned with `response`, or None."""
 
 
-class TokenEndpoint(ReturnsTokenIds):
+class TokenEndpoint(ReturnsTokenIds, Streams):
     """The role of an engine's own endpoint that takes a prompt of token ids and answers generated ids
     (vLLM's `/v1/completions`, SGLang's `/generate`), which `serve --tokens exact` sends prompts to."""
 

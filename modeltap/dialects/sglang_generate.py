@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from modeltap.dialects.base import Prompt, Reading, TextPrompt, as_dict, as_int, as_str
-from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, Streams, ThroughChat, TokenEndpoint
+from modeltap.dialects.roles import AsChat, CountsPrompt, OpenAIShaped, ThroughChat, TokenEndpoint
 from modeltap.dialects.sse import DONE, DONE_EVENT, data_event, list_of
 from modeltap.dialects.token_ids import Generated, TokenIds, id_list
 
@@ -39,7 +39,7 @@ class _Outputs:
         return self._last
 
 
-class Generate(OpenAIShaped, Streams, TokenEndpoint, declines=(AsChat, ThroughChat, CountsPrompt)):
+class Generate(OpenAIShaped, TokenEndpoint, declines=(AsChat, ThroughChat, CountsPrompt)):
     """A prompt of ids in, ids out: no conversation, nothing to translate."""
 
     name = "generate"

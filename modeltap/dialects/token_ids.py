@@ -33,7 +33,7 @@ from typing import Any, Literal
 from modeltap.dialects.base import as_dict, first_choice
 from modeltap.dialects.sse import index_of, list_of
 
-TokenSource = Literal["served", "rendered"]
+TokenSource = Literal["served", "rendered", "built"]
 LogprobReader = Callable[[dict[str, Any]], list[float | None] | None]
 
 
@@ -41,7 +41,9 @@ LogprobReader = Callable[[dict[str, Any]], list[float | None] | None]
 class TokenIds:
     """One exchange's ids: the prompt the model saw, the completion it sampled, and the completion's
     logprobs (one per completion id, None where the server gave none). `source` is "served" when the
-    engine returned them, "rendered" when modeltap rendered and encoded them with the served tokenizer."""
+    engine returned them (`--tokens observe`), "built" when modeltap built the prompt and the engine
+    generated from it (`--tokens exact`), "rendered" when modeltap rendered and encoded them with the
+    served tokenizer (the engine returned none)."""
 
     prompt: list[int]
     completion: list[int]

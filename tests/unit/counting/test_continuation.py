@@ -92,6 +92,10 @@ def call(command: str, call_id: str = "c1") -> dict[str, Any]:
     }
 
 
+def earlier(previous: BuiltTurn | None) -> list[BuiltTurn]:
+    return [previous] if previous is not None else []
+
+
 def turn(
     builder: PromptBuilder,
     body: dict[str, Any],
@@ -99,7 +103,7 @@ def turn(
     reply: dict[str, Any],
     completion: list[int],
 ) -> BuiltTurn:
-    built = builder.build(CHAT, body, previous)
+    built = builder.build(CHAT, body, earlier(previous))
     return BuiltTurn(
         tuple(built.ids),
         built.prepared.messages,
@@ -120,7 +124,7 @@ def test_qwen3_ends_a_turn_with_im_end_and_may_stop_on_end_of_text(qwen3: tuple[
 def test_a_first_turn_is_the_full_render(qwen3: tuple[PromptBuilder, PreTrainedTokenizerBase]) -> None:
     builder, tok = qwen3
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Run ls"}]
-    built = builder.build(CHAT, {"model": "m", "messages": messages, "tools": TOOLS}, None)
+    built = builder.build(CHAT, {"model": "m", "messages": messages, "tools": TOOLS}, [])
     assert built.ids == oracle(tok, messages) and built.continued is None
     assert built.reason == "no earlier turn of this session"
 
@@ -151,7 +155,7 @@ def test_qwen3_keeps_the_models_reasoning_and_ids_where_a_render_would_drop_them
         "tool_calls": [{**call("ls"), "function": {"name": "bash", "arguments": '{"command":"ls"}'}}],
     }
     second = [*first, echoed, {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}]
-    built = builder.build(CHAT, {"model": "m", "messages": second, "tools": TOOLS}, previous)
+    built = builder.build(CHAT, {"model": "m", "messages": second, "tools": TOOLS}, earlier(previous))
     assert built.continued == 0 and built.reason is None
     assert built.ids[: len(previous.prompt) + len(completion)] == [*previous.prompt, *completion]
     # What follows the model's turn end is exactly what transformers renders after the reply's turn end.
@@ -181,7 +185,11 @@ def test_on_a_template_that_rewrites_nothing_continuing_equals_the_full_render(
     ]
     previous = None
     for n, (kind, text) in enumerate(turns):
-        built = builder.build(CHAT, {"model": "m", "messages": messages, "tools": TOOLS}, previous)
+        built = builder.build(
+            CHAT,
+            {"model": "m", "messages": messages, "tools": TOOLS},
+            earlier(previous),
+        )
         assert built.ids == oracle(tok, messages), (n, built.reason)
         assert (built.continued is None) == (previous is None)
         reply = {"role": "assistant", "content": content, "tool_calls": [call(text, f"c{n}")]}
@@ -222,7 +230,7 @@ def test_a_completion_cut_short_or_stopped_on_end_of_text_gets_the_templates_tur
     ):
         previous = turn(builder, body, None, {"role": "assistant", "content": "ok"}, completion)
         second = [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
-        built = builder.build(CHAT, {"model": "m", "messages": second}, previous)
+        built = builder.build(CHAT, {"model": "m", "messages": second}, earlier(previous))
         assert built.ids[len(previous.prompt) : len(previous.prompt) + len(expected)] == expected
 
 
@@ -253,7 +261,7 @@ def test_an_edit_is_rendered_in_full_and_says_why(
     reply = {"role": "assistant", "content": "Listing.", "tool_calls": [call("ls")]}
     previous = turn(builder, {"model": "m", "messages": first, "tools": TOOLS}, None, reply, [1, 2, 151645])
     messages = change([*first, reply, {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}])
-    built = builder.build(CHAT, {"model": "m", "messages": messages, "tools": TOOLS}, previous)
+    built = builder.build(CHAT, {"model": "m", "messages": messages, "tools": TOOLS}, earlier(previous))
     assert built.continued is None and built.reason == reason
     assert built.ids == oracle(tok, messages)
 
@@ -266,7 +274,7 @@ def test_changed_tools_or_kwargs_do_not_continue(
     reply = {"role": "assistant", "content": "ok"}
     previous = turn(builder, {"model": "m", "messages": first, "tools": TOOLS}, None, reply, [1, 151645])
     messages = [*first, reply, {"role": "user", "content": "more"}]
-    prepared = builder.build(CHAT, {"model": "m", "messages": messages}, previous).prepared
+    prepared = builder.build(CHAT, {"model": "m", "messages": messages}, earlier(previous)).prepared
     assert continues(previous, prepared) == (None, "the tools changed")
     kwargs = builder.build(
         CHAT, {"model": "m", "messages": messages, "tools": TOOLS, "chat_template_kwargs": {"x": 1}}, previous
