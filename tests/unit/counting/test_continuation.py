@@ -277,7 +277,7 @@ def test_changed_tools_or_kwargs_do_not_continue(
     prepared = builder.build(CHAT, {"model": "m", "messages": messages}, earlier(previous)).prepared
     assert continues(previous, prepared) == (None, "the tools changed")
     kwargs = builder.build(
-        CHAT, {"model": "m", "messages": messages, "tools": TOOLS, "chat_template_kwargs": {"x": 1}}, previous
+        CHAT, {"model": "m", "messages": messages, "tools": TOOLS, "chat_template_kwargs": {"x": 1}}, [previous]
     )
     assert kwargs.reason == "the chat template kwargs changed"
 
