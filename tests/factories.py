@@ -287,10 +287,16 @@ def rollout(
     return records
 
 
-async def recorded(path: Path, *records: Exchange | SessionEvent, keep_raw_sse: bool = False) -> Path:
-    """Exchanges and session events written in order to a record store at `path` by the real writer;
-    returns `path`."""
+async def recorded(
+    path: Path,
+    *records: Exchange | SessionEvent,
+    keep_raw_sse: bool = False,
+    turn_ends: frozenset[int] = frozenset(),
+) -> Path:
+    """Exchanges and session events written in order to a record store at `path` by the real writer,
+    which knows the served tokenizer's `turn_ends` (as serve tells it); returns `path`."""
     store = RecordStore(path, keep_raw_sse=keep_raw_sse)
+    store.tokens.turn_ends = turn_ends
     store.start()
     for record in records:
         if isinstance(record, SessionEvent):

@@ -63,6 +63,18 @@ class IdRenderer:
             return [str(token) for token in ids]
         return [token_bytes(token).decode("utf-8", "replace") for token in ids]
 
+    def turn_ends(self) -> frozenset[int]:
+        """The ids a generated turn may end on (the template's end of turn and the tokenizer's
+        end-of-text ids), for telling a stop id rendered as another from a changed reply; empty when
+        the template ends a turn in no added token."""
+        from modeltap.counting.continuation import study_turn_end
+
+        try:
+            return study_turn_end(self._loaded.template, self._loaded.added_ids).stop_ids
+        except ValueError as exc:
+            log.info("no turn-end ids: %s", exc)
+            return frozenset()
+
     def _with_special_tokens(self, text: str) -> list[int]:
         from modeltap.counting.tokenizer_files import TokenizerFiles
 

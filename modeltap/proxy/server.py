@@ -193,7 +193,8 @@ def _require_budget_extra() -> None:
 
 async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[TokenIdRecorder | None, str]:
     """The token-id recorder, with the default upstream's engine learnt at start, and its start-up line.
-    Where the served tokenizer renders ids, the record store decodes the ids around a break with it."""
+    Where the served tokenizer renders ids, the record store decodes the ids around a break with it and
+    knows the ids a turn ends on."""
     config = ctx.config
     if not config.token_ids:
         return None, "off (no --token-ids)"
@@ -205,6 +206,7 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
     recorder = TokenIdRecorder(config, renderer)
     if renderer is not None:
         ctx.store.tokens.decoder = renderer.decode_each
+        ctx.store.tokens.turn_ends = await asyncio.to_thread(renderer.turn_ends)
     rendered = f"rendered with {config.tokenizer}" if renderer is not None else None
     if config.upstream is None:
         return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"

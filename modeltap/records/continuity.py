@@ -2,8 +2,8 @@
 when they do not, where and why the history broke.
 
 Owns: the rule (turn t+1's prompt must begin with turn t's prompt ids followed by its completion ids,
-allowing the one end-of-turn token a template renders differently from the stop token the model
-sampled: docs/engines.md §4), the first differing position, which message of the conversation the
+allowing only a stop id the model sampled that the template renders as another end-of-turn id:
+docs/engines.md §4), the first differing position, which message of the conversation the
 break falls in, and its classification; also the fast common-prefix length of two id sequences.
 Does not own: which earlier turn a turn continues (records/token_store.py picks it by messages),
 storing ids or breaks (token_store.py), or showing them (modeltap/readers: show, the viewer).
@@ -12,10 +12,12 @@ Messages are compared as OpenAI chat messages (each dialect's `conversation`), s
 classified the same way whatever the wire format. Pure functions, no I/O.
 
     expected = previous_prompt + previous_completion
-    position = break_position(common_prefix(expected, prompt), len(expected), len(prompt),
-                              finish_reason="stop", completion_length=len(previous_completion))
+    ends = frozenset({151645, 151643})            # Qwen's <|im_end|> and <|endoftext|>
+    position = break_position(expected, prompt, common_prefix(expected, prompt),
+                              completion_length=len(previous_completion), turn_ends=ends)
     if position is not None:
-        kind, message, role = classify(previous, history, digests, tools, position, len(previous_prompt))
+        found = classify(previous, history, digests, tools, position, len(previous_prompt))
+        describe(found)   # 'the assistant's tool calls came back changed (message 3, assistant): ...'
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ BreakKind = Literal[
     "assistant_text_changed",
     "tool_call_arguments_changed",
     "reasoning_dropped",
+    "reply_reformatted",
     "rerendered",
 ]
 # One line each, for `show` and the viewer.
@@ -47,8 +50,13 @@ BREAK_TEXT: dict[BreakKind, str] = {
     "assistant_text_changed": "the assistant's text came back changed",
     "tool_call_arguments_changed": "the assistant's tool calls came back changed",
     "reasoning_dropped": "the reasoning of the previous reply was dropped",
+    "reply_reformatted": "the previous reply came back with the same meaning, written otherwise",
     "rerendered": "the same messages were rendered or tokenized into other ids",
 }
+# How a field of the echoed reply differs from the model's: `edited` changes what it says;
+# `whitespace`, `key order` and `spacing` only how it is written (which still changes the ids a
+# template renders); `dropped` leaves it out; `added` puts in what the model did not say.
+Cause = Literal["edited", "whitespace", "key order", "spacing", "dropped", "added"]
 # Token ids around a break that a record keeps of each side, for showing them side by side.
 WINDOW_IDS = 12
 # A message's identity for aligning two conversations: 128 bits of BLAKE2b over its JSON.
@@ -86,11 +94,36 @@ class IdWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class EchoChange:
+    """One field of an echoed reply that differs from the model's: the `field` (`content`,
+    `reasoning`, `tool_calls`, `tool_calls[1].arguments`, ...), the `cause`, and both texts as sent."""
+
+    field: str
+    cause: Cause
+    model: str | None
+    echoed: str | None
+
+    @classmethod
+    def from_json(cls, value: Any) -> EchoChange | None:
+        if not isinstance(value, dict) or not isinstance(value.get("field"), str):
+            return None
+        cause = value.get("cause")
+        causes = ("edited", "whitespace", "key order", "spacing", "dropped", "added")
+        return cls(
+            value["field"],
+            cause if cause in causes else "edited",
+            as_str(value.get("model")),
+            as_str(value.get("echoed")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class TokenDrift:
     """The first break in a session's token history, as the record keeps it: the turn (and exchange)
     whose prompt broke, the turn it continues, the first differing id `position`, the lengths on both
     sides, the break's `kind`, the message it falls in (index and role), one line of `text`, the ids'
-    `source`, and the ids around it on both sides."""
+    `source`, the ids around it on both sides, and, for an echoed reply, each field that differs
+    (`changes`: which field, why, both texts)."""
 
     turn: int | None
     exchange_id: str | None
@@ -107,6 +140,7 @@ class TokenDrift:
     source: str | None
     expected: IdWindow
     got: IdWindow
+    changes: tuple[EchoChange, ...] = ()
 
     @classmethod
     def from_json(cls, value: Any) -> TokenDrift | None:
@@ -130,28 +164,47 @@ class TokenDrift:
             source=as_str(value.get("source")),
             expected=IdWindow.from_json(value.get("expected")),
             got=IdWindow.from_json(value.get("got")),
+            changes=tuple(c for c in map(EchoChange.from_json, value.get("changes") or []) if c is not None),
         )
 
 
 def break_position(
+    expected: Sequence[int],
+    prompt: Sequence[int],
     shared: int,
-    expected_length: int,
-    prompt_length: int,
     *,
-    finish_reason: str | None,
     completion_length: int,
+    turn_ends: frozenset[int] = frozenset(),
 ) -> int | None:
-    """Where a prompt stops following the previous turn's prompt + completion (`expected_length` ids),
-    given the ids they `shared` (`common_prefix`), or None when it follows it whole. A completion that
-    stopped on its own ("stop") may see its last id rendered as another end-of-turn token in the next
-    prompt (Qwen stopping on `<|endoftext|>` where its template writes `<|im_end|>`): that one
-    difference is allowed."""
-    if shared == expected_length:
+    """Where `prompt` stops following the previous turn's prompt + completion (`expected`), given the
+    ids they `shared` (`common_prefix`), or None when it follows it whole. One difference is allowed:
+    a completion that ended on one of the ids that end a turn (`turn_ends`: the tokenizer's
+    end-of-turn and stop ids) may see that id rendered as another of them in the next prompt (Qwen
+    stopping on `<|endoftext|>` where its template writes `<|im_end|>`). Any other id there is a break:
+    a reply echoed with one character more is not the reply the model gave."""
+    if shared == len(expected):
         return None
-    last = expected_length - 1
-    if shared == last and completion_length > 0 and finish_reason == "stop" and prompt_length > last:
+    last = len(expected) - 1
+    if (
+        shared == last
+        and completion_length > 0
+        and len(prompt) > last
+        and expected[last] in turn_ends
+        and prompt[last] in turn_ends
+    ):
         return None
     return shared
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    """Why a prompt broke: its kind, the message it falls in (index in the request's history, and
+    role; None when the messages agree), and for an echoed reply each field that differs."""
+
+    kind: BreakKind
+    message: int | None = None
+    role: str | None = None
+    changes: tuple[EchoChange, ...] = ()
 
 
 def classify(
@@ -161,34 +214,120 @@ def classify(
     tools: bytes,
     position: int,
     previous_prompt_length: int,
-) -> tuple[BreakKind, int | None, str | None]:
-    """(kind, index of the message the break falls in, its role) for a break at token `position`
-    between `previous` (the turn continued, whose prompt held `previous_prompt_length` ids) and the
-    current turn, whose request holds `history` (chat messages, with their `digests`) and `tools`. The
-    index counts `history`; None when the messages agree and ids differ before the reply."""
+) -> Break:
+    """Why the prompt broke at token `position` between `previous` (the turn continued, whose prompt
+    held `previous_prompt_length` ids) and the current turn, whose request holds `history` (chat
+    messages, with their `digests`) and `tools`."""
     if tools != previous.tools:
-        return "tools_changed", None, None
+        return Break("tools_changed")
     before, now = _split(previous.digests), _split(digests)
     index = _common(before, now)
     if index < len(before):
         removed = index >= len(now) or (index + 1 < len(before) and now[index] == before[index + 1])
         if index >= len(history):
-            return "message_removed", None, None
-        return ("message_removed" if removed else "message_edited"), index, _role(history[index])
+            return Break("message_removed")
+        return Break("message_removed" if removed else "message_edited", index, _role(history[index]))
     echo = history[index] if index < len(history) else None
-    kind = _reply_change(previous.reply, echo)
-    if kind is None:
-        in_reply = position >= previous_prompt_length
-        kind = "reasoning_dropped" if in_reply and _reasoning(previous.reply) else "rerendered"
-        if not in_reply:
-            return kind, None, None
-    return kind, (index if echo is not None else None), (_role(echo) if echo is not None else None)
+    if echo is None or not isinstance(echo, dict) or echo.get("role") != "assistant":
+        return Break("reply_missing", index if echo is not None else None, _role(echo))
+    changes = echo_changes(previous.reply, echo)
+    if not changes:
+        # The reply came back as the model said it, and still rendered into other ids: the template
+        # or the tokenizer made them (Qwen3's template drops the reasoning of replies before the last
+        # user message; a merge across the turn end).
+        if position < previous_prompt_length:
+            return Break("rerendered")
+        return Break("reasoning_dropped" if _reasoning(previous.reply) else "rerendered", index, "assistant")
+    return Break(_kind(changes), index, "assistant", tuple(changes))
 
 
-def describe(kind: BreakKind, message: int | None, role: str | None) -> str:
-    """One line for a break: what changed, and in which message."""
-    where = f" (message {message + 1}, {role})" if message is not None and role else ""
-    return BREAK_TEXT[kind] + where
+def echo_changes(reply: dict[str, Any], echo: dict[str, Any]) -> list[EchoChange]:
+    """Each field in which `echo` (the agent's copy of a reply) differs from `reply` (the model's), with
+    its cause and both texts: the content, the reasoning, and each tool call's name and arguments."""
+    changes = []
+    said, echoed = _text(reply), _text(echo)
+    if said != echoed:
+        cause: Cause = "whitespace" if said.split() == echoed.split() else "edited"
+        changes.append(EchoChange("content", cause, said, echoed))
+    thought, echoed_thought = _reasoning(reply), _reasoning(echo)
+    if thought and not echoed_thought:
+        changes.append(EchoChange("reasoning", "dropped", thought, None))
+    elif thought != echoed_thought:
+        cause = (
+            "added"
+            if not thought
+            else "whitespace"
+            if thought.split() == echoed_thought.split()
+            else "edited"
+        )
+        changes.append(EchoChange("reasoning", cause, thought or None, echoed_thought))
+    calls, echoed_calls = _raw_calls(reply), _raw_calls(echo)
+    if [name for name, _ in calls] != [name for name, _ in echoed_calls]:
+        changes.append(EchoChange("tool_calls", "edited", _names(calls), _names(echoed_calls)))
+        return changes
+    for number, ((_, arguments), (_, echoed_arguments)) in enumerate(zip(calls, echoed_calls, strict=True)):
+        if arguments != echoed_arguments:
+            changes.append(
+                EchoChange(
+                    f"tool_calls[{number}].arguments",
+                    _arguments_cause(arguments, echoed_arguments),
+                    arguments,
+                    echoed_arguments,
+                )
+            )
+    return changes
+
+
+def _kind(changes: Sequence[EchoChange]) -> BreakKind:
+    """The break's kind from the echo's changes, the one a trainer cares about most first: what the
+    reply says, then what it leaves out, then how it is written."""
+    edited = [c for c in changes if c.cause == "edited"]
+    if any(c.field.startswith("tool_calls") for c in edited):
+        return "tool_call_arguments_changed"
+    if edited:
+        return "assistant_text_changed"
+    if any(c.cause == "dropped" for c in changes):
+        return "reasoning_dropped"
+    return "reply_reformatted"
+
+
+def _arguments_cause(model: str | None, echoed: str | None) -> Cause:
+    parsed, echoed_parsed = _parsed(model), _parsed(echoed)
+    if parsed != echoed_parsed or not isinstance(parsed, dict | list):
+        return "edited"
+    if isinstance(parsed, dict) and isinstance(echoed_parsed, dict) and list(parsed) != list(echoed_parsed):
+        return "key order"
+    return "spacing"
+
+
+def _raw_calls(message: dict[str, Any]) -> list[tuple[Any, str | None]]:
+    """(name, arguments as the JSON text sent) of each tool call."""
+    out = []
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            arguments = function.get("arguments")
+            if arguments is not None and not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            out.append((function.get("name"), arguments))
+    return out
+
+
+def _names(calls: Sequence[tuple[Any, Any]]) -> str:
+    return ", ".join(str(name) for name, _ in calls)
+
+
+def describe(found: Break) -> str:
+    """One line for a break: what changed, in which message, and each field of an echoed reply that
+    differs with its cause."""
+    where = (
+        f" (message {found.message + 1}, {found.role})" if found.message is not None and found.role else ""
+    )
+    fields = "; ".join(f"{change.field}: {change.cause}" for change in found.changes)
+    if found.kind == "reasoning_dropped" and not found.changes:
+        fields = "by the chat template"
+    return BREAK_TEXT[found.kind] + where + (f": {fields}" if fields else "")
 
 
 def message_digests(messages: Sequence[Any]) -> bytes:
@@ -230,31 +369,6 @@ def _role(message: Any) -> str | None:
     return role if isinstance(role, str) else None
 
 
-def _reply_change(reply: dict[str, Any], echo: dict[str, Any] | None) -> BreakKind | None:
-    """How the echoed message differs from the reply it echoes, in the order a trainer cares about."""
-    if echo is None or echo.get("role") != "assistant":
-        return "reply_missing"
-    if _calls(echo) != _calls(reply):
-        return "tool_call_arguments_changed"
-    if _reasoning(reply) and _reasoning(reply) != _reasoning(echo):
-        return "reasoning_dropped"
-    if _text(echo) != _text(reply):
-        return "assistant_text_changed"
-    return None
-
-
-def _calls(message: dict[str, Any]) -> list[tuple[Any, Any]]:
-    """(name, arguments) of each tool call, arguments parsed where they are JSON: agents re-serialise
-    the arguments they echo (other spacing, other key order), and servers render them parsed."""
-    calls = message.get("tool_calls")
-    out = []
-    for call in calls if isinstance(calls, list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        if isinstance(function, dict):
-            out.append((function.get("name"), _parsed(function.get("arguments"))))
-    return out
-
-
 def _parsed(arguments: Any) -> Any:
     if not isinstance(arguments, str):
         return arguments
@@ -271,7 +385,9 @@ def _reasoning(message: dict[str, Any]) -> str:
 def _text(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return "".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return content if isinstance(content, str) else ""
 
 

@@ -421,7 +421,7 @@ class RecordStore:
                 ex.synthesised,
             ),
         )
-        self.tokens.write(conn, ex, ids, dialect, request, response, summary.finish_reason)
+        self.tokens.write(conn, ex, ids, dialect, request, response)
         self._link(conn, session if session is not None else NO_SESSION)
 
     def _link(self, conn: sqlite3.Connection, owner: str) -> None:

@@ -17,12 +17,13 @@ the samples of a GRPO group that open with the same prompt store it once.
 
     writer = TokenWriter()                       # the store's writer thread owns one
     ids = recorded_ids(exchange, dialect, request, response)
-    writer.write(conn, exchange, ids, dialect, request, response, finish_reason)
+    writer.write(conn, exchange, ids, dialect, request, response)
     [turn["drift"] for turn in session_tokens(conn, "s-3f2a")]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from modeltap.dialects.roles import AsChat, ReturnsTokenIds
 from modeltap.dialects.token_ids import TokenIds, common_prefix
 from modeltap.records.continuity import (
+    Break,
     ContinuedTurn,
     break_position,
     classify,
@@ -112,17 +114,19 @@ class _Tracked:
     sequence_node: str
     prompt_length: int
     completion_length: int
-    finish_reason: str | None
     chat: ContinuedTurn | None
     parent: _Tracked | None
 
 
 class TokenWriter:
     """The writer thread's token state. `decoder`, when set (the proxy's tokenizer), turns the ids
-    around a break into text for the record. `reset` after a rolled-back transaction."""
+    around a break into text for the record; `turn_ends` (the served tokenizer's end-of-turn and stop
+    ids) are the ids a completion's last may be rendered as in the next prompt (`break_position`).
+    `reset` after a rolled-back transaction."""
 
     def __init__(self) -> None:
         self.decoder: Decoder | None = None
+        self.turn_ends: frozenset[int] = frozenset()
         self._known: OrderedDict[str, None] = OrderedDict()
         self._sequences: OrderedDict[str, array[int]] = OrderedDict()
         self._cached_ids = 0
@@ -143,7 +147,6 @@ class TokenWriter:
         dialect: Dialect,
         request: Any,
         response: Any,
-        finish_reason: str | None,
     ) -> None:
         """Record `ids` (those of `recorded_ids`), checked against the turn `ex` continues; or, when
         modeltap asked for ids of a successful exchange and none came, that it asked."""
@@ -154,11 +157,9 @@ class TokenWriter:
                     (ex.id, ex.session_id, ex.token_ask),
                 )
             return
-        self._write_ids(conn, ex, ids, _chat(dialect, request, response), finish_reason)
+        self._write_ids(conn, ex, ids, _chat(dialect, request, response))
 
-    def _write_ids(
-        self, conn: sqlite3.Connection, ex: Exchange, ids: TokenIds, chat: _Chat | None, finish: str | None
-    ) -> None:
+    def _write_ids(self, conn: sqlite3.Connection, ex: Exchange, ids: TokenIds, chat: _Chat | None) -> None:
         prompt, completion = array("I", ids.prompt), array("I", ids.completion)
         previous = self._predecessor(ex.session_id, ex.endpoint, chat)
         shared, drift, prompt_node = 0, None, None
@@ -167,11 +168,11 @@ class TokenWriter:
             shared = common_prefix(expected, prompt)
             prompt_node = self._node(conn, previous.sequence_node, shared, prompt[shared:])
             position = break_position(
+                expected,
+                prompt,
                 shared,
-                len(expected),
-                len(prompt),
-                finish_reason=previous.finish_reason,
                 completion_length=previous.completion_length,
+                turn_ends=self.turn_ends,
             )
             if position is not None:
                 drift = self._drift(conn, ex, previous, expected, prompt, position, chat, ids.source)
@@ -204,9 +205,7 @@ class TokenWriter:
                 (json.dumps(drift), ex.session_id),
             )
         turn = chat.turn if chat is not None else None
-        tracked = _Tracked(
-            ex.id, ex.endpoint, sequence_node, len(prompt), len(completion), finish, turn, previous
-        )
+        tracked = _Tracked(ex.id, ex.endpoint, sequence_node, len(prompt), len(completion), turn, previous)
         self._track(ex.session_id, tracked)
 
     def _predecessor(self, session: str | None, endpoint: str | None, chat: _Chat | None) -> _Tracked | None:
@@ -246,7 +245,7 @@ class TokenWriter:
     ) -> dict[str, Any]:
         """The break, as the record keeps it: where, in which message, why, and the ids around it."""
         if chat is not None and previous.chat is not None:
-            kind, message, role = classify(
+            found = classify(
                 previous.chat,
                 chat.history,
                 chat.turn.digests,
@@ -255,11 +254,7 @@ class TokenWriter:
                 previous.prompt_length,
             )
         else:
-            kind, message, role = (
-                ("message_edited" if position < previous.prompt_length else "rerendered"),
-                None,
-                None,
-            )
+            found = Break("message_edited" if position < previous.prompt_length else "rerendered")
         expected_start, expected_ids = window(expected, position)
         got_start, got_ids = window(prompt, position)
         return {
@@ -271,13 +266,14 @@ class TokenWriter:
             "expected_length": len(expected),
             "prompt_length": len(prompt),
             "previous_prompt_length": previous.prompt_length,
-            "kind": kind,
-            "message": message,
-            "role": role,
-            "text": describe(kind, message, role),
+            "kind": found.kind,
+            "message": found.message,
+            "role": found.role,
+            "text": describe(found),
             "source": source,
             "expected": {"start": expected_start, "ids": expected_ids, "text": self._decode(expected_ids)},
             "got": {"start": got_start, "ids": got_ids, "text": self._decode(got_ids)},
+            "changes": [dataclasses.asdict(change) for change in found.changes],
         }
 
     def _decode(self, ids: list[int]) -> list[str] | None:

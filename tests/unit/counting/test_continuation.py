@@ -276,9 +276,8 @@ def test_changed_tools_or_kwargs_do_not_continue(
     messages = [*first, reply, {"role": "user", "content": "more"}]
     prepared = builder.build(CHAT, {"model": "m", "messages": messages}, earlier(previous)).prepared
     assert continues(previous, prepared) == (None, "the tools changed")
-    kwargs = builder.build(
-        CHAT, {"model": "m", "messages": messages, "tools": TOOLS, "chat_template_kwargs": {"x": 1}}, [previous]
-    )
+    body = {"model": "m", "messages": messages, "tools": TOOLS, "chat_template_kwargs": {"x": 1}}
+    kwargs = builder.build(CHAT, body, [previous])
     assert kwargs.reason == "the chat template kwargs changed"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoTokenizer
 
 from modeltap import dialects
 from modeltap.counting.counter import TokenCounter
@@ -48,3 +49,9 @@ def test_a_completions_prompt_of_text_renders_as_the_server_encodes_it(renderer:
     )
     # A prompt of token ids has no text to render: no ids.
     assert rendered_ids(renderer, completions, {"model": "m", "prompt": [1, 2]}, reply) is None
+
+
+def test_the_turn_ends_are_the_served_tokenizers_own(renderer: IdRenderer, qwen_dir: str) -> None:
+    # The oracle is the tokenizer as transformers loads it: Qwen3's <|im_end|> and <|endoftext|>.
+    tokenizer = AutoTokenizer.from_pretrained(qwen_dir)
+    assert renderer.turn_ends() == frozenset(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))

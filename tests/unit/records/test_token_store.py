@@ -25,9 +25,12 @@ from tests.factories import chat_completion, recorded, usage
 from tests.standins import token_engine as te
 from tests.token_sessions import ASK, SYSTEM, TOOLS, served_turn, tool_session
 
+# The stand-in tokenizer's ids that end a generated turn, as serve learns them from the served one.
+TURN_ENDS = frozenset({te.IM_END, te.END_OF_TEXT})
 
-async def record(tmp_path: Path, *exchanges: Any) -> StoreReader:
-    return StoreReader(await recorded(tmp_path / "r.db", *exchanges))
+
+async def record(tmp_path: Path, *exchanges: Any, turn_ends: frozenset[int] = TURN_ENDS) -> StoreReader:
+    return StoreReader(await recorded(tmp_path / "r.db", *exchanges, turn_ends=turn_ends))
 
 
 def export(reader: StoreReader, session: str) -> list[dict[str, Any]]:
@@ -221,6 +224,26 @@ async def test_a_stop_token_the_template_renders_otherwise_keeps_the_stretch_wit
     [line] = export(reader, "s")
     position = len(te.render(histories[1], TOOLS)) + len(ended) - 1
     assert line["input_ids"][position] == te.END_OF_TEXT and line["loss_mask"][position] == 1
+    # Without the served tokenizer the writer cannot tell a stop id from any other: it is a break.
+    unknown = drift_of(
+        await record(
+            tmp_path / "u", *served(histories, replies, at=1, completion=ended), turn_ends=frozenset()
+        )
+    )
+    assert unknown is not None and unknown["position"] == position
+
+
+async def test_a_reply_echoed_with_one_character_more_is_a_break_at_its_end(tmp_path: Path) -> None:
+    # The agent sends "42." back for the model's "42": the template renders "." where the model
+    # stopped. A stop-id allowance that took any last id would have hidden it.
+    reader = await record(tmp_path, *edited_session(echo(content="42.")))
+    drift = drift_of(reader)
+    assert drift is not None and (drift["turn"], drift["kind"]) == (3, "assistant_text_changed")
+    assert drift["changes"] == [{"field": "content", "cause": "edited", "model": "42", "echoed": "42."}]
+    assert drift["position"] == drift["expected_length"] - 1
+    whitespace = drift_of(await record(tmp_path / "w", *edited_session(echo(content="42\n"))))
+    assert whitespace is not None and whitespace["kind"] == "reply_reformatted"
+    assert whitespace["text"].endswith("(message 5, assistant): content: whitespace")
 
 
 async def test_side_requests_and_retries_do_not_break_the_main_line(tmp_path: Path) -> None:
