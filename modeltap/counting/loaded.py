@@ -55,7 +55,8 @@ class LoadedTokenizer:
     what renders or builds token ids (ids.py, continuation.py): `encode_ids` gives the ids of text as
     the tokenizer encodes it (added tokens recognised, nothing added around it), `token_bytes` the
     bytes an id stands for (None where ids cannot be decoded byte for byte: a tokenizer that is not
-    byte-level BPE), `added_ids` each added token's id."""
+    byte-level BPE), `added_ids` each added token's id, `special_tokens` the added tokens marked special
+    (those an engine leaves out of a reply's text: `<|im_end|>`, not `<think>` or `<tool_call>`)."""
 
     folder: Path
     template: ChatTemplate
@@ -70,6 +71,7 @@ class LoadedTokenizer:
     encode_ids: Callable[[str], list[int]]
     token_bytes: Callable[[int], bytes] | None
     added_ids: Mapping[str, int]
+    special_tokens: frozenset[str]
 
     @classmethod
     def load(cls, folder: Path, cache_max_chars: int = SEGMENT_CACHE_MAX_CHARS) -> LoadedTokenizer:
@@ -120,6 +122,7 @@ class LoadedTokenizer:
             encode_ids=encode_ids,
             token_bytes=token_bytes,
             added_ids=types.MappingProxyType(added_ids),
+            special_tokens=frozenset(t.content for t in files.added_tokens.values() if t.special),
         )
 
 

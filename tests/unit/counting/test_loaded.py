@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from modeltap import dialects
@@ -85,3 +88,36 @@ def test_pieces_are_counted_apart_only_where_the_added_tokens_allow_it(
     decoder["151644"] = {**decoder["151644"], **flags}  # <|im_start|>
     loaded = LoadedTokenizer.load(qwen_folder(tmp_path / "t", qwen_dir, {"added_tokens_decoder": decoder}))
     assert (loaded.segments is not None) is pieces
+
+
+def test_added_and_special_tokens_are_the_tokenizers_own(qwen_dir: str) -> None:
+    loaded = LoadedTokenizer.load(Path(qwen_dir))
+    oracle = AutoTokenizer.from_pretrained(qwen_dir)
+    decoder = oracle.added_tokens_decoder
+    assert dict(loaded.added_ids) == {token.content: index for index, token in decoder.items()}
+    # The engines leave these out of a reply's text (skip_special_tokens): <|im_end|>, not <think>.
+    assert loaded.special_tokens == {token.content for token in decoder.values() if token.special}
+    assert "<|im_end|>" in loaded.special_tokens and "<think>" not in loaded.special_tokens
+
+
+@pytest.fixture(scope="module")
+def loaded_and_oracle(qwen_dir: str) -> tuple[LoadedTokenizer, Any]:
+    """The folder as modeltap loads it, and as transformers does (the oracle)."""
+    return LoadedTokenizer.load(Path(qwen_dir)), AutoTokenizer.from_pretrained(qwen_dir)
+
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60) | st.lists(
+    st.sampled_from(["<think>", "</think>", "<tool_call>", "<|im_end|>", "\n", " x", "é", "中文", "  "])
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=TEXT)
+def test_ids_and_their_bytes_are_the_tokenizers(
+    loaded_and_oracle: tuple[LoadedTokenizer, Any], text: str
+) -> None:
+    loaded, oracle = loaded_and_oracle
+    ids = loaded.encode_ids(text)
+    assert ids == oracle.encode(text, add_special_tokens=False)
+    assert loaded.token_bytes is not None
+    assert b"".join(loaded.token_bytes(i) for i in ids) == text.encode()
