@@ -25,6 +25,7 @@ only a window of the conversation is rendered (windows.py), so a turn costs what
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,24 @@ class PromptBuilder:
             if number == 0:
                 reason = why or reason
         return self._rendered(prepared, reason)
+
+    def turn(
+        self, built: BuiltPrompt, completions: Sequence[Sequence[int]], replies: Sequence[Mapping[str, Any]]
+    ) -> BuiltTurn:
+        """The turn `built`'s request became once answered: per choice, the completion ids as the
+        engine returned them and the reply (an OpenAI chat assistant message), prepared as the engine
+        prepares a message of a later request's history, so that an echo compares with it."""
+        prepared = built.prepared
+        # Kept as arrays: 4 bytes an id, where a list holds a pointer and an int object for each.
+        return BuiltTurn(
+            prompt=array("I", built.ids),
+            messages=prepared.messages,
+            tools=prepared.tools,
+            kwargs=prepared.kwargs,
+            rewritable=built.rewritable,
+            completions=tuple(array("I", ids) for ids in completions),
+            replies=tuple(self._counter.normalised(reply, prepared.tools) for reply in replies),
+        )
 
     def _continued(self, previous: BuiltTurn, choice: int, prepared: Prepared) -> BuiltPrompt | None:
         known = len(previous.messages)

@@ -233,11 +233,15 @@ def classify(
     changes = echo_changes(previous.reply, echo)
     if not changes:
         # The reply came back as the model said it, and still rendered into other ids: the template
-        # or the tokenizer made them (Qwen3's template drops the reasoning of replies before the last
-        # user message; a merge across the turn end).
+        # or the tokenizer made them. A template that drops old reasoning (Qwen3's, for replies
+        # before the last user message) parts from the model's ids at the reply's first id, where
+        # the model opened `<think>`; anywhere else the template wrote the reply otherwise (a tool
+        # call's JSON spaced its own way, a merge across the turn end).
         if position < previous_prompt_length:
             return Break("rerendered")
-        return Break("reasoning_dropped" if _reasoning(previous.reply) else "rerendered", index, "assistant")
+        if position == previous_prompt_length and _reasoning(previous.reply):
+            return Break("reasoning_dropped", index, "assistant")
+        return Break("rerendered", index, "assistant")
     return Break(_kind(changes), index, "assistant", tuple(changes))
 
 

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from modeltap import dialects
 from modeltap.counting.continuation import BuiltTurn, PromptBuilder, continues, same_reply, study_turn_end
 from modeltap.counting.counter import TokenCounter
+from tests import echo_changes as echoes
 from tests.factories import qwen_folder
 
 CHAT = dialects.named("chat")
@@ -76,10 +77,15 @@ def prepared(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def oracle(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+def oracle(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] = TOOLS,
+    **kwargs: Any,
+) -> list[int]:
     messages = prepared(messages)
     ids = tokenizer.apply_chat_template(
-        messages, tools=TOOLS, add_generation_prompt=True, tokenize=True, **kwargs
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, **kwargs
     )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
@@ -103,16 +109,7 @@ def turn(
     reply: dict[str, Any],
     completion: list[int],
 ) -> BuiltTurn:
-    built = builder.build(CHAT, body, earlier(previous))
-    return BuiltTurn(
-        tuple(built.ids),
-        built.prepared.messages,
-        built.prepared.tools,
-        built.prepared.kwargs,
-        built.rewritable,
-        (tuple(completion),),
-        (reply,),
-    )
+    return builder.turn(builder.build(CHAT, body, earlier(previous)), [completion], [reply])
 
 
 def test_qwen3_ends_a_turn_with_im_end_and_may_stop_on_end_of_text(qwen3: tuple[PromptBuilder, Any]) -> None:
@@ -321,3 +318,30 @@ def test_a_template_without_an_added_turn_end_is_refused(qwen_dir: str, tmp_path
     loaded = TokenCounter.load(folder).tokenizer
     with pytest.raises(ValueError, match="not an added token"):
         study_turn_end(loaded.template, loaded.added_ids)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=echoes.echo_cases())
+def test_exact_mode_keeps_the_models_ids_unless_the_echo_changed_their_meaning(
+    qwen3: tuple[PromptBuilder, PreTrainedTokenizerBase], case: echoes.EchoCase
+) -> None:
+    builder, tokenizer = qwen3
+    first = {"model": "m", "messages": case.first_history, "tools": echoes.TOOLS}
+    completion = [*tokenizer.encode(case.completion_text, add_special_tokens=False), 151645]
+    previous = turn(builder, first, None, case.reply, completion)
+    second = {"model": "m", "messages": case.second_history, "tools": echoes.TOOLS}
+    built = builder.build(CHAT, second, [previous])
+    if case.meaning_kept:
+        # The model's prompt and completion ids, untouched, then what the template adds after them.
+        assert built.continued == 0, built.reason
+        assert built.ids[: len(previous.prompt) + len(completion)] == [*previous.prompt, *completion]
+        assert (
+            built.ids[len(previous.prompt) + len(completion) :]
+            == oracle(tokenizer, case.second_history, echoes.TOOLS)[
+                -(len(built.ids) - len(previous.prompt) - len(completion)) :
+            ]
+        )
+    else:
+        # An edit: the history is rendered in full from the messages as sent, as the engine renders it.
+        assert built.continued is None and built.reason is not None
+        assert built.ids == oracle(tokenizer, case.second_history, echoes.TOOLS)

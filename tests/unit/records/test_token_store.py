@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from transformers import AutoTokenizer
 
-from modeltap.dialects.token_ids import TokenIds
+from modeltap.dialects.token_ids import TokenIds, common_prefix
 from modeltap.exporters.export import write_export
 from modeltap.readers.sessions import sessions_table
 from modeltap.readers.show import session_turns, turn_text
@@ -21,10 +23,13 @@ from modeltap.records.reader import StoreReader
 from modeltap.records.schema import SCHEMA_VERSION, migrate
 from modeltap.records.turns import turns
 from modeltap.testing import exchange
+from tests import echo_changes as echoes
 from tests.factories import chat_completion, recorded, usage
 from tests.standins import token_engine as te
 from tests.token_sessions import ASK, SYSTEM, TOOLS, served_turn, tool_session
 
+# Qwen3's <|im_end|> and <|endoftext|>, for the sessions on the real tokenizer.
+IM_END, END_OF_TEXT = 151645, 151643
 # The stand-in tokenizer's ids that end a generated turn, as serve learns them from the served one.
 TURN_ENDS = frozenset({te.IM_END, te.END_OF_TEXT})
 
@@ -355,3 +360,61 @@ async def test_a_completions_session_continues_its_last_turn(tmp_path: Path) -> 
         "message_edited",
         None,
     )
+
+
+def _oracle_ids(tokenizer: Any, history: list[dict[str, Any]]) -> list[int]:
+    """A chat request's prompt ids as vLLM renders them: content None as "", arguments parsed."""
+    messages = []
+    for message in history:
+        message = {**message, "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in message["tool_calls"]
+            ]
+        messages.append(message)
+    ids = tokenizer.apply_chat_template(
+        messages, tools=echoes.TOOLS, add_generation_prompt=True, tokenize=True
+    )
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer(qwen_dir: str) -> Any:
+    return AutoTokenizer.from_pretrained(qwen_dir, local_files_only=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=echoes.echo_cases())
+async def test_observe_mode_names_each_echo_change_as_the_cause_of_its_break(
+    qwen3_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory, case: echoes.EchoCase
+) -> None:
+    # The engine renders each request again (observe mode): turn 1's ids are the model's, turn 2's
+    # prompt is the re-render of a history whose echo carries the change.
+    first = _oracle_ids(qwen3_tokenizer, case.first_history)
+    completion = [*qwen3_tokenizer.encode(case.completion_text, add_special_tokens=False), IM_END]
+    second = _oracle_ids(qwen3_tokenizer, case.second_history)
+    turns = [
+        exchange(
+            {"model": "m", "messages": history, "tools": echoes.TOOLS},
+            chat_completion(reply, "tool_calls", usage=usage(len(prompt), len(ids))),
+            session_id="s",
+            token_ids=TokenIds(prompt, ids, None, "served"),
+        )
+        for history, reply, prompt, ids in (
+            (case.first_history, case.reply, first, completion),
+            (case.second_history, {"role": "assistant", "content": "3"}, second, [18, IM_END]),
+        )
+    ]
+    reader = await record(tmp_path_factory.mktemp("echo"), *turns, turn_ends=frozenset({IM_END, END_OF_TEXT}))
+    drift = drift_of(reader)
+    broke = second[: len(first) + len(completion)] != first + completion
+    assert (drift is not None) == broke, (case.kind, drift)
+    if drift is None:
+        return
+    assert drift["turn"] == 2 and drift["position"] == common_prefix(first + completion, second)
+    found = (drift["kind"], [(c["field"], c["cause"]) for c in drift["changes"]])
+    if case.kind in echoes.EXPECTED_BREAK:
+        assert found == echoes.EXPECTED_BREAK[case.kind], case
+    else:  # the echo is the reply; the template wrote it otherwise (or dropped its reasoning)
+        assert found[0] in ("rerendered", "reasoning_dropped") and found[1] == [], case
