@@ -21,14 +21,16 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from modeltap.compat.layouts import classify, parse_error
+from modeltap.dialects.openai_chat import DIALECT as CHAT
 from modeltap.dialects.roles import Streams
 from modeltap.proxy.errors import InternalError, ProxyError, UpstreamUnreachable, error_bytes
 from modeltap.proxy.headers import HOP_BY_HOP
-from modeltap.proxy.translate import PassThrough, Transforming, Translation, synthesised
+from modeltap.proxy.translate import Chained, PassThrough, Transforming, Translation, synthesised
 from modeltap.proxy.upstream import Reply, StreamedReply, WholeReply
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
 
 if TYPE_CHECKING:
+    from modeltap.proxy.exact import ExactTranslation
     from modeltap.proxy.flow import Flow
 
 # The upstream's response headers that describe its encoding or framing, which the relay changes.
@@ -118,10 +120,7 @@ async def relay_translated(
     raw = reply.body
     draft.first_byte = time.time()
     if status >= 400:
-        answered, body, said = translation.error(status, raw)
-        draft.status = answered
-        draft.fail(classify(status, raw), said.message[:RESPONSE_TEXT_MAX_CHARS])
-        return _error_answer(flow, answered, body)
+        return _translated_error(flow, translation, status, raw)
     try:
         chat = json.loads(raw)
     except ValueError:
@@ -131,6 +130,22 @@ async def relay_translated(
             f"the upstream answered chat with {len(raw)} bytes that are not a JSON object"
         )
     draft.received = chat
+    return await _translated_answer(flow, translation, chat)
+
+
+def _translated_error(flow: Flow, translation: Translation, status: int, raw: bytes) -> web.Response:
+    """A chat upstream's error status and body, in the client's shape."""
+    answered, body, said = translation.error(status, raw)
+    flow.draft.status = answered
+    flow.draft.fail(classify(status, raw), said.message[:RESPONSE_TEXT_MAX_CHARS])
+    return _error_answer(flow, answered, body)
+
+
+async def _translated_answer(
+    flow: Flow, translation: Translation, chat: dict[str, Any]
+) -> web.StreamResponse:
+    """A chat completion, in the client's format: as a stream when the client asked for one."""
+    ctx, draft = flow.ctx, flow.draft
     if translation.streamed:
         events, answer = translation.events(chat)
         translation.remember(ctx.chains, draft.session_id, chat, answer)
@@ -138,6 +153,50 @@ async def relay_translated(
     draft.response = translation.reply(chat)
     translation.remember(ctx.chains, draft.session_id, chat, draft.response)
     return web.json_response(draft.response, headers=flow.answer_headers)
+
+
+async def relay_exact(
+    flow: Flow, reply: WholeReply | StreamedReply, exact: ExactTranslation, translation: Translation | None
+) -> web.StreamResponse:
+    """The engine's answer to a token-in request (`--tokens exact`) as the chat completion it amounts
+    to, in the client's format: a stream written as the ids arrive, or a whole answer; the ids are
+    noted for the record, and the turn kept for the session's next request once it is complete."""
+    draft = flow.draft
+    if isinstance(reply, StreamedReply):
+        engine = exact.stream()
+        tap: Transforming = engine if translation is None else Chained(engine, translation.stream())
+        response = await relay_stream(flow, reply, tap)
+        draft.received = exact.recorded_answer(draft.received)
+        draft.token_ids = exact.token_ids
+        if tap.complete:
+            exact.remember()
+            if translation is not None:
+                translation.remember(flow.ctx.chains, draft.session_id, engine.result().body, draft.response)
+        return response
+    draft.first_byte = time.time()
+    status = reply.response.status
+    if status >= 400:
+        if translation is not None:
+            return _translated_error(flow, translation, status, reply.body)
+        return await relay_body(flow, reply)
+    try:
+        answer = json.loads(reply.body)
+        chat = exact.reply(answer)
+    except ValueError as exc:
+        raise UpstreamUnreachable(
+            f"the engine's answer to a token-in request holds no generated ids ({exc})"
+        ) from None
+    draft.received = exact.recorded_answer(answer)
+    draft.token_ids = exact.token_ids
+    exact.remember()
+    if translation is not None:
+        return await _translated_answer(flow, translation, chat)
+    draft.response = chat
+    if exact.streamed:
+        options = exact.chat_body.get("stream_options")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        return await write_events(flow, CHAT.synthesise(chat, include_usage), chat)
+    return web.json_response(chat, headers=flow.answer_headers)
 
 
 async def relay_synthesised(

@@ -279,6 +279,15 @@ class Budget:
             dialect, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens, refuse_as
         )
 
+    def decide_counted(
+        self, dialect: Dialect, body: dict[str, Any], prompt_tokens: int, refuse_as: Dialect | None = None
+    ) -> Decision:
+        """The decision for a request whose prompt is known to be `prompt_tokens` long (the ids
+        `--tokens exact` built), with nothing to count: `decide` with this budget's limits and policy."""
+        return decide(
+            dialect, body, prompt_tokens, self.limits, self.policy, self.min_completion_tokens, refuse_as
+        )
+
     async def count_answer(self, dialect: CountsPrompt, body: dict[str, Any]) -> dict[str, Any]:
         """The answer of a format whose answer is the prompt's token count (Anthropic count_tokens:
         `{"input_tokens": N}`, N counted exactly as /v1/messages would count it). Raises BadRequest

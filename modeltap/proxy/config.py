@@ -40,6 +40,8 @@ DEFAULT_SESSION_TTL_S = 3600.0
 
 BudgetPolicy = Literal["clamp", "reject", "off"]
 BUDGET_POLICIES: tuple[BudgetPolicy, ...] = get_args(BudgetPolicy)
+TokensMode = Literal["off", "observe", "exact"]
+TOKENS_MODES: tuple[TokensMode, ...] = get_args(TokensMode)
 
 
 def option(default: Any, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
@@ -110,12 +112,21 @@ class ProxyConfig:
     max_store_bytes: int | None = option(
         None, "warn once when the records database grows past this many bytes (then: modeltap prune)"
     )
-    token_ids: bool = option(
-        False,
-        "record prompt and completion token ids (asked of vLLM and SGLang, else rendered by --tokenizer)",
+    tokens: TokensMode = option(
+        "off",
+        "token ids: observe records the ids the engine used (asked of vLLM and SGLang, else rendered by "
+        "--tokenizer); exact builds each prompt's ids itself from the session's earlier ids and sends "
+        "them to the engine's token endpoint, so the ids trained on are the model's (needs --tokenizer)",
     )
-    logprobs: bool = option(False, "with --token-ids, also ask for the sampled tokens' logprobs")
-    engine: EngineChoice = option("auto", "the upstream's engine, for --token-ids (default auto: ask it)")
+    token_ids: bool = option(False, "the same as --tokens observe")
+    logprobs: bool = option(False, "with --tokens, also ask for the sampled tokens' logprobs")
+    engine: EngineChoice = option("auto", "the upstream's engine, for --tokens (default auto: ask it)")
+    tool_parser: str | None = option(
+        None, "with --tokens exact, the tool-call parser vLLM would use (default: told by the chat template)"
+    )
+    reasoning_parser: str | None = option(
+        None, "with --tokens exact, the reasoning parser vLLM would use (default: told by the chat template)"
+    )
     observers: list[str] = option(
         [], "an observer of every exchange, MODULE:ATTR (a class or factory); repeatable", flag="--observer"
     )
@@ -130,6 +141,14 @@ class ProxyConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.tokens not in TOKENS_MODES:
+            raise ValueError(f"tokens must be one of {', '.join(TOKENS_MODES)}, not {self.tokens!r}")
+        if self.token_ids and self.tokens == "off":
+            self.tokens = "observe"
+        # `token_ids` says whether any token ids are recorded, whichever flag asked for them.
+        self.token_ids = self.tokens != "off"
+        if self.tokens == "exact" and self.tokenizer is None:
+            raise ValueError("--tokens exact builds prompt ids with the served tokenizer: give --tokenizer")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
         if self.engine not in ENGINE_CHOICES:

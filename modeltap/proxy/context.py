@@ -29,6 +29,7 @@ from modeltap.records.store import RecordStore
 
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
+    from modeltap.proxy.exact import ExactMode
     from modeltap.proxy.token_recorder import TokenIdRecorder
 
 # Connections kept per upstream: one per concurrent rollout, and AReaL runs hundreds at once.
@@ -49,6 +50,7 @@ class ProxyContext:
     budget_report: str = "off"
     token_ids: TokenIdRecorder | None = None
     token_ids_report: str = "off"
+    exact: ExactMode | None = None
     tasks: Tasks = field(default_factory=lambda: Tasks("modeltap"))
     anonymous: AnonymousConversations = field(default_factory=AnonymousConversations)
     started: float = field(default_factory=time.time)

@@ -13,7 +13,7 @@ parsing the generated text (compat/parsers), the engines' request shapes (compat
 or answer shapes (dialects/openai_completions.py, dialects/sglang_generate.py), or HTTP (relay.py,
 answers.py).
 
-    exact = ExactMode(counter, engine, parsers, limits)
+    exact = ExactMode(counter, engine, reply_parser("hermes", "qwen3"), context_length=32768)
     translation = await exact.start(session_id, chat_body)      # the ids, built off the event loop
     payload = translation.payload(max_tokens)                    # to translation.endpoint at .path
     chat = translation.reply(engine_answer)                      # or: tap = translation.stream()
@@ -27,12 +27,20 @@ import collections
 import json
 import random
 import time
-from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from modeltap.compat.engines import EngineInfo
+from modeltap.compat.parsers import (
+    ParsedCall,
+    ParsedReply,
+    ReplyContext,
+    ReplyParser,
+    ReplyStream,
+    StreamStep,
+    ToolSpec,
+)
 from modeltap.compat.token_requests import Sampling, sglang_generate, vllm_completions
 from modeltap.counting.continuation import BuiltPrompt, BuiltTurn, PromptBuilder
 from modeltap.counting.counter import CountError, TokenCounter
@@ -50,54 +58,11 @@ TURNS_PER_SESSION = 4
 # Ids kept across every session's turns, at 4 bytes each (array "I"): 64 sessions of 8 turns of 60k
 # ids. The least recently continued session goes first.
 TURN_MEMORY_MAX_IDS = 32_000_000
+# Ids of a prompt's end decoded for its parsers: enough for the last turn's opening (a generation
+# prompt, with Qwen3's `<think>\n\n</think>` when thinking is off), which is all they read.
+PROMPT_TAIL_IDS = 512
 # Random bits of the ids modeltap gives a completion and its tool calls (OpenAI's are 24 hex digits).
 _ID_BITS = 96
-
-
-class ParsedCall(Protocol):
-    """A tool call parsed out of the generated text (compat/parsers)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def arguments(self) -> str: ...
-
-
-class ParsedReply(Protocol):
-    """The assistant message the engine's parsers make of a choice's text (compat/parsers)."""
-
-    @property
-    def content(self) -> str | None: ...
-
-    @property
-    def reasoning(self) -> str | None: ...
-
-    @property
-    def tool_calls(self) -> Sequence[ParsedCall]: ...
-
-    def finish_reason(self, engine_finish_reason: str | None) -> str: ...
-
-
-StreamPiece = tuple[Literal["content", "reasoning"], str] | tuple[Literal["call"], ParsedCall]
-
-
-class ReplyStream(Protocol):
-    """One choice's text, parsed as it grows: `feed` takes the text generated since the last call and
-    gives what to stream (content and reasoning deltas, each tool call once complete); `end` the whole
-    parse, which the fed pieces add up to."""
-
-    def feed(self, text: str) -> list[StreamPiece]: ...
-
-    def end(self) -> tuple[list[StreamPiece], ParsedReply]: ...
-
-
-class ReplyParsers(Protocol):
-    """The served model family's parsers, chosen at start (compat/parsers)."""
-
-    def parse(self, text: str, request: Mapping[str, Any]) -> ParsedReply: ...
-
-    def stream(self, request: Mapping[str, Any]) -> ReplyStream: ...
 
 
 @dataclass(slots=True)
@@ -149,7 +114,7 @@ class ExactMode:
     request names no cap for (the chat route's meaning: up to the window's remainder)."""
 
     def __init__(
-        self, counter: TokenCounter, engine: EngineInfo, parsers: ReplyParsers, context_length: int
+        self, counter: TokenCounter, engine: EngineInfo, parser: ReplyParser, context_length: int
     ) -> None:
         if engine.name not in ("vllm", "sglang"):
             raise ValueError(
@@ -159,7 +124,11 @@ class ExactMode:
         self.builder = PromptBuilder(counter)
         self.counter = counter
         self.engine = engine
-        self.parsers = parsers
+        self.parser = parser
+        loaded = counter.tokenizer
+        # Left out of a reply's text, as the engines detokenize it (skip_special_tokens).
+        self.special_tokens = loaded.special_tokens
+        self.skipped = frozenset(loaded.added_ids[t] for t in loaded.special_tokens if t in loaded.added_ids)
         self.context_length = context_length
         self.memory = TurnMemory()
         self.endpoint: TokenEndpoint = (
@@ -174,14 +143,39 @@ class ExactMode:
         render."""
         turns = self.memory.recent(session)
         try:
-            built = await asyncio.to_thread(self._build, chat_body, turns)
+            built, context = await asyncio.to_thread(self._build, chat_body, turns)
         except CountError as exc:
             raise BadRequest(str(exc)) from None
-        return ExactTranslation(self, session, chat_body, built)
+        return ExactTranslation(self, session, chat_body, built, context)
 
-    def _build(self, body: dict[str, Any], turns: list[BuiltTurn]) -> BuiltPrompt:
-        """Blocking: the request's ids."""
-        return self.builder.build(CHAT, body, turns)
+    def _build(self, body: dict[str, Any], turns: list[BuiltTurn]) -> tuple[BuiltPrompt, ReplyContext]:
+        """Blocking: the request's ids, and what the parsers read of it."""
+        built = self.builder.build(CHAT, body, turns)
+        return built, self.reply_context(body, built.ids)
+
+    def reply_context(self, body: dict[str, Any], prompt: Sequence[int]) -> ReplyContext:
+        """What the parsers read of a chat request and its prompt ids. `tool_choice` "required" or a
+        named function is parsed as "auto": the engine's token endpoint applies no guided decoding
+        (docs/parsers.md)."""
+        tools = body.get("tools")
+        kwargs = body.get("chat_template_kwargs")
+        tail = self.text(prompt[-PROMPT_TAIL_IDS:], keep_special=True)
+        return ReplyContext(
+            tools=ToolSpec.from_chat(tools if isinstance(tools, list) else None),
+            tool_choice="none" if body.get("tool_choice") == "none" else "auto",
+            parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+            chat_template_kwargs=kwargs if isinstance(kwargs, dict) else {},
+            prompt_closes_reasoning=self.parser.prompt_closes_reasoning(tail),
+            special_tokens=self.special_tokens,
+        )
+
+    def text(self, ids: Sequence[int], *, keep_special: bool = False) -> str:
+        """The text of ids; a reply's without its special tokens (the stop id among them), as the
+        engines' text."""
+        token_bytes = self.counter.tokenizer.token_bytes
+        assert token_bytes is not None  # the builder refuses a tokenizer without it
+        skipped = frozenset() if keep_special else self.skipped
+        return b"".join(token_bytes(i) for i in ids if i not in skipped).decode("utf-8", "replace")
 
 
 class ExactTranslation:
@@ -190,9 +184,15 @@ class ExactTranslation:
     keeps the turn for the next request."""
 
     def __init__(
-        self, mode: ExactMode, session: str | None, chat_body: dict[str, Any], built: BuiltPrompt
+        self,
+        mode: ExactMode,
+        session: str | None,
+        chat_body: dict[str, Any],
+        built: BuiltPrompt,
+        context: ReplyContext,
     ) -> None:
         self.mode = mode
+        self.context = context
         self.session = session
         self.chat_body = chat_body
         self.built = built
@@ -200,7 +200,6 @@ class ExactTranslation:
         self.path = mode.path
         self.request: dict[str, Any] = {}
         self.token_ids: TokenIds | None = None
-        self.stops = mode.builder.turn_end.stop_ids
         self.token_bytes = mode.counter.tokenizer.token_bytes
         self.chat_id = "chatcmpl-" + f"{random.getrandbits(_ID_BITS):024x}"
         self.created = int(time.time())
@@ -242,6 +241,23 @@ class ExactTranslation:
         key = "prompt" if "prompt" in self.request else "input_ids"
         return {**self.request, key: f"<{len(self.built.ids)} token ids>"}
 
+    def recorded_answer(self, answer: Any) -> Any:
+        """The engine's answer as the record keeps it: its generated ids are the exchange's token ids,
+        not stored again here."""
+        if isinstance(answer, list):
+            return [self.recorded_answer(one) for one in answer]
+        if not isinstance(answer, dict):
+            return answer
+        out = dict(answer)
+        for key in ("prompt_token_ids", "output_ids"):
+            if isinstance(out.get(key), list):
+                out[key] = f"<{len(out[key])} token ids>"
+        if isinstance(out.get("choices"), list):
+            out["choices"] = [self.recorded_answer(choice) for choice in out["choices"]]
+        if isinstance(out.get("token_ids"), list):
+            out["token_ids"] = f"<{len(out['token_ids'])} token ids>"
+        return out
+
     # -- a whole answer -----------------------------------------------------------------------------------
 
     def reply(self, answer: Any) -> dict[str, Any]:
@@ -249,7 +265,7 @@ class ExactTranslation:
         generated = sorted(self.endpoint.generated(answer, streamed=False), key=lambda g: g.index)
         if not generated:
             raise ValueError("the engine's answer holds no generated token ids")
-        parsed = [self.mode.parsers.parse(self._text(g.ids), self.chat_body) for g in generated]
+        parsed = [self.mode.parser.parse(self.mode.text(g.ids), self.context) for g in generated]
         self.settle(generated, parsed)
         return self.completion(generated, parsed)
 
@@ -262,26 +278,14 @@ class ExactTranslation:
         """Keep this turn for the session's next request to continue (after a complete answer)."""
         if self.token_ids is None:
             return
-        prepared = self.built.prepared
-        replies = tuple(self._message(p) for p in self._parsed)
         self.mode.memory.keep(
             self.session,
-            BuiltTurn(
-                prompt=array("I", self.built.ids),
-                messages=prepared.messages,
-                tools=prepared.tools,
-                kwargs=prepared.kwargs,
-                rewritable=self.built.rewritable,
-                completions=tuple(array("I", g.ids) for g in self._generated),
-                replies=tuple(self.mode.counter.normalised(reply, prepared.tools) for reply in replies),
+            self.mode.builder.turn(
+                self.built,
+                [g.ids for g in self._generated],
+                [self._message(p) for p in self._parsed],
             ),
         )
-
-    def _text(self, ids: Sequence[int]) -> str:
-        """The text of generated ids, less the stop id that ended them (as the engines' text)."""
-        token_bytes = self.token_bytes
-        assert token_bytes is not None  # ExactMode's builder refuses a tokenizer without it
-        return b"".join(token_bytes(i) for i in ids if i not in self.stops).decode("utf-8", "replace")
 
     def _message(self, parsed: ParsedReply) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
@@ -353,7 +357,8 @@ class ExactTranslation:
 
 @dataclass(slots=True)
 class _Choice:
-    """One choice of a stream: its ids so far, the decoder of their bytes, its parse, what was said."""
+    """One choice of a stream: its parse as it grows, its ids so far, the decoder of their bytes, how it
+    finished, and what was said."""
 
     stream: ReplyStream
     ids: list[int] = field(default_factory=list)
@@ -363,7 +368,6 @@ class _Choice:
     )
     finish: str | None = None
     weight_version: str | None = None
-    parsed: ParsedReply | None = None
     opened: bool = False
     calls: int = 0
 
@@ -410,15 +414,8 @@ class ExactStream:
 
     def result(self) -> Assembled:
         events = self._events.result()
-        body = None
-        if self._choices and all(c.parsed is not None for c in self._choices.values()):
-            ordered = [self._choices[i] for i in sorted(self._choices)]
-            generated = [
-                Generated(i, c.ids, c.logprobs or None, c.finish, c.weight_version)
-                for i, c in sorted(self._choices.items())
-            ]
-            parsed = [c.parsed for c in ordered if c.parsed is not None]
-            body = self._t.completion(generated, parsed)
+        parsed = self._parsed()
+        body = self._t.completion(*parsed) if parsed is not None else None
         error = (
             events.error
             if events.error is not None or self._ended
@@ -435,7 +432,7 @@ class ExactStream:
             choice = self._choices.get(generated.index)
             if choice is None:
                 choice = self._choices[generated.index] = _Choice(
-                    self._t.mode.parsers.stream(self._t.chat_body)
+                    ReplyStream(self._t.mode.parser, self._t.context)
                 )
             new = generated.ids[len(choice.ids) :] if generated.cumulative else generated.ids
             if generated.logprobs is not None:
@@ -447,26 +444,32 @@ class ExactStream:
             self._say(generated.index, choice, choice.stream.feed(self._decode(choice, new)))
             if generated.finish_reason is not None and choice.finish is None:
                 choice.finish = generated.finish_reason
-                tail, choice.parsed = choice.stream.end()
-                self._say(generated.index, choice, tail)
-                self._chunk(generated.index, {}, choice.parsed.finish_reason(choice.finish))
+                rest = choice.decoder.decode(b"", final=True)
+                if rest:
+                    self._say(generated.index, choice, choice.stream.feed(rest))
+                self._say(generated.index, choice, choice.stream.finish())
+                reply = choice.stream.reply
+                assert reply is not None  # finish() parsed it
+                self._chunk(generated.index, {}, reply.finish_reason(choice.finish))
 
     def _decode(self, choice: _Choice, ids: Sequence[int]) -> str:
+        """New ids' text; a character split across ids waits for its last byte."""
         token_bytes = self._t.token_bytes
         assert token_bytes is not None
-        return choice.decoder.decode(b"".join(token_bytes(i) for i in ids if i not in self._t.stops))
+        skipped = self._t.mode.skipped
+        return choice.decoder.decode(b"".join(token_bytes(i) for i in ids if i not in skipped))
 
-    def _say(self, index: int, choice: _Choice, pieces: list[StreamPiece]) -> None:
+    def _say(self, index: int, choice: _Choice, step: StreamStep) -> None:
         if not choice.opened:
             choice.opened = True
             self._chunk(index, {"role": "assistant", "content": ""})
-        for piece in pieces:
-            if piece[0] == "call":
-                call = self._t.call(piece[1])
-                self._chunk(index, {"tool_calls": [{"index": choice.calls, **call}]})
-                choice.calls += 1
-            elif piece[1]:
-                self._chunk(index, {"content" if piece[0] == "content" else "reasoning_content": piece[1]})
+        if step.reasoning:
+            self._chunk(index, {"reasoning_content": step.reasoning})
+        if step.content:
+            self._chunk(index, {"content": step.content})
+        for call in step.tool_calls:
+            self._chunk(index, {"tool_calls": [{"index": choice.calls, **self._t.call(call)}]})
+            choice.calls += 1
 
     def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None) -> None:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -474,16 +477,12 @@ class ExactStream:
 
     def _close(self) -> None:
         self._ended = True
-        ordered = [self._choices[i] for i in sorted(self._choices)]
-        if ordered and all(c.parsed is not None for c in ordered):
-            generated = [
-                Generated(i, c.ids, c.logprobs or None, c.finish, c.weight_version)
-                for i, c in sorted(self._choices.items())
-            ]
-            self._t.settle(generated, [c.parsed for c in ordered if c.parsed is not None])
+        parsed = self._parsed()
+        if parsed is not None:
+            self._t.settle(*parsed)
         options = self._t.chat_body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage") is True:
-            completion = sum(len(c.ids) for c in ordered)
+            completion = sum(len(c.ids) for c in self._choices.values())
             prompt = len(self._t.built.ids)
             usage = {
                 "prompt_tokens": prompt,
@@ -492,6 +491,15 @@ class ExactStream:
             }
             self._out.append(data_event({**self._stamp, "choices": [], "usage": usage}))
         self._out.append(DONE_EVENT)
+
+    def _parsed(self) -> tuple[list[Generated], list[ParsedReply]] | None:
+        """Each choice's ids and parse, in order, once every choice has finished."""
+        ordered = sorted(self._choices.items())
+        replies = [c.stream.reply for _, c in ordered if c.stream.reply is not None]
+        if not ordered or len(replies) < len(ordered):
+            return None
+        generated = [Generated(i, c.ids, c.logprobs or None, c.finish, c.weight_version) for i, c in ordered]
+        return generated, replies
 
     def _flush(self) -> bytes:
         out = b"".join(self._out)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from aiohttp import HttpVersion10, hdrs, web
@@ -34,6 +34,7 @@ from modeltap.dialects.roles import CountsPrompt, Dialect, Streams, ThroughChat
 from modeltap.proxy.answers import (
     refusal,
     relay_body,
+    relay_exact,
     relay_stream,
     relay_synthesised,
     relay_translated,
@@ -59,6 +60,9 @@ from modeltap.proxy.token_recorder import TokenIdRecorder, with_fields
 from modeltap.proxy.translate import Translation, Untouched
 from modeltap.proxy.upstream import StreamedReply, WholeReply
 from modeltap.records.exchange import ExchangeDraft
+
+if TYPE_CHECKING:
+    from modeltap.proxy.exact import ExactMode, ExactTranslation
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +187,10 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
     draft.session_id, draft.labels = names.session_id, names.labels
     if isinstance(dialect, CountsPrompt) and ctx.budget is not None and body is not None:
         return web.json_response(await ctx.budget.count_answer(dialect, body))
-    translate = body is not None and target.upstream.translates(dialect)
+    # `--tokens exact` sends every generating request to the engine's token endpoint as chat: a
+    # Messages or Responses request is translated at once, never tried at the upstream's own path.
+    exact = ctx.exact is not None and isinstance(dialect, ThroughChat)
+    translate = body is not None and (exact or target.upstream.translates(dialect))
     return await _forward(flow, target, route, body, translate)
 
 
@@ -198,8 +205,10 @@ async def _forward(
     if translate and body is not None and isinstance(dialect, ThroughChat):
         translation = Translation.start(dialect, body, ctx.chains, draft.session_id)
         draft.translated = CHAT.name
-    payload = await _payload(flow, target, body, translation)
     upstream_dialect = CHAT if translation else dialect
+    if ctx.exact is not None and upstream_dialect is CHAT and body is not None:
+        return await _forward_exact(flow, ctx.exact, target, route, body, translation)
+    payload = await _payload(flow, target, body, translation)
     extra: Mapping[str, str] = {}
     if (
         ctx.token_ids is not None
@@ -228,6 +237,52 @@ async def _forward(
     ):
         return await relay_synthesised(flow, reply, dialect, body)
     return await relay_body(flow, reply)
+
+
+async def _forward_exact(
+    flow: Flow,
+    mode: ExactMode,
+    target: Target,
+    route: Route,
+    body: dict[str, Any],
+    translation: Translation | None,
+) -> web.StreamResponse:
+    """A chat request (the client's, or its translation) as token ids to the engine's own endpoint
+    (`--tokens exact`): the ids built, the budget decided on their exact number, the answer turned
+    back into the client's message."""
+    ctx, draft = flow.ctx, flow.draft
+    chat = translation.chat_body if translation is not None else body
+    exact = await mode.start(draft.session_id, chat)
+    payload = exact.payload(_exact_cap(flow, exact))
+    draft.sent, draft.translated, draft.token_ask = exact.recorded_request, exact.endpoint.name, exact.how
+    try:
+        reply = await _send(flow, target, route, payload, exact.endpoint, {}, paths=[exact.path])
+    except NotFound:
+        raise UpstreamUnreachable(
+            f"the upstream serves no token endpoint at {exact.path}, which --tokens exact sends prompts to "
+            f"({exact.mode.engine.describe()})"
+        ) from None
+    draft.upstream_url = ctx.sessions.mask(reply.url)
+    draft.status = reply.response.status
+    return await relay_exact(flow, reply, exact, translation)
+
+
+def _exact_cap(flow: Flow, exact: ExactTranslation) -> int | None:
+    """The completion cap of a token-in request: the budget's decision on the built prompt's exact
+    length (refused in the client's words when it does not fit), else what the client asked for."""
+    budget, chat = flow.ctx.budget, exact.chat_body
+    field = CHAT.completion_field(chat)
+    if budget is None:
+        asked = chat.get(field)
+        return asked if isinstance(asked, int) and not isinstance(asked, bool) else None
+    decision = budget.decide_counted(CHAT, chat, len(exact.built.ids), refuse_as=flow.dialect)
+    flow.draft.budget = decision.as_record()
+    flow.answer_headers = budget_headers(flow.draft.budget)
+    if decision.error is not None:
+        raise decision.error
+    sent = decision.body if decision.body is not None else chat
+    capped = sent.get(decision.field or field)
+    return capped if isinstance(capped, int) and not isinstance(capped, bool) else None
 
 
 async def _payload(
@@ -275,8 +330,10 @@ async def _ask_token_ids(
     if not probe and target.pass_client_credentials and hdrs.AUTHORIZATION in flow.request.headers:
         probe = {"Authorization": flow.request.headers[hdrs.AUTHORIZATION]}
     engine, ask = await recorder.ask(dialect, body, target.upstream, probe)
+    # Decided again for a request retried through chat (its format was not served): the first try's
+    # verdict is not this one's.
+    flow.render_ids = ask is None and recorder.renders
     if ask is None:
-        flow.render_ids = recorder.renders
         draft.token_ask = "rendered" if recorder.renders else None
         return payload, {}
     draft.token_ask = f"{engine.name}: {', '.join([*ask.fields, *ask.headers])}"
@@ -290,6 +347,7 @@ async def _send(
     payload: bytes | None,
     dialect: Dialect,
     extra: Mapping[str, str],
+    paths: Sequence[str] | None = None,
 ) -> WholeReply | StreamedReply:
     """The upstream's reply for `dialect`'s route (the client's, or chat for a translation), with the
     `extra` headers the token-id stage asks for. Raises NotFound when the upstream does not serve the
@@ -304,6 +362,7 @@ async def _send(
         payload,
         # Quoted: a model id `%2E%2E` (sent as `%252E%252E`) would otherwise climb out of /models.
         f"/{quote(route.item, safe='')}" if route.item else "",
+        paths,
     )
 
 

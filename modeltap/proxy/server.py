@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from modeltap.counting.counter import TokenCounter
     from modeltap.exporters.otlp import OtlpExport
     from modeltap.proxy.budget import Budget
+    from modeltap.proxy.exact import ExactMode
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     counter = await _counter(ctx.config)
     ctx.budget, ctx.budget_report = await _budget(ctx, counter)
     ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
+    ctx.exact, exact_report = await _exact(ctx, counter)
+    if ctx.exact is not None:
+        ctx.token_ids_report = exact_report
     ctx.store.start()
     if ctx.config.upstream is not None:
         ctx.default_upstream = ctx.upstream(ctx.config.upstream)
@@ -217,6 +221,39 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
     if rendered:
         return recorder, f"{rendered} (the upstream's engine is unknown: {engine.source})"
     return recorder, "none: the upstream's engine is unknown and there is no --tokenizer to render with"
+
+
+async def _exact(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[ExactMode | None, str]:
+    """`--tokens exact`'s state, and its start-up line: the engine's token endpoint, the window that
+    bounds a completion, the parsers that turn generated text back into messages (flags, else the
+    chat template's family). Raises ValueError naming the flag that settles what it cannot tell."""
+    config = ctx.config
+    if config.tokens != "exact" or config.upstream is None:
+        return None, "off"
+    assert counter is not None and ctx.token_ids is not None  # the config requires --tokenizer
+    from modeltap.compat.parsers import infer_parsers, reply_parser
+    from modeltap.proxy.budget import discover_limits
+    from modeltap.proxy.exact import ExactMode
+
+    upstream = ctx.upstream(config.upstream)
+    engine = await ctx.token_ids.engine(upstream, _probe_headers(config))
+    if ctx.budget is not None:
+        context_length: int | None = ctx.budget.limits.context_length
+    else:
+        context_length = config.context_length or (await discover_limits(upstream, _probe_headers(config)))[0]
+    if context_length is None:
+        raise ValueError("--tokens exact caps each completion by the context length: give --context-length")
+    told = infer_parsers(counter.tokenizer.template.source([{"type": "function"}]))
+    tool = config.tool_parser or told.tool_parser
+    reasoning = config.reasoning_parser or told.reasoning_parser
+    parser = reply_parser(tool, reasoning)
+    mode = await asyncio.to_thread(ExactMode, counter, engine, parser, context_length)
+    given = "given" if config.tool_parser or config.reasoning_parser else "told by the chat template"
+    return mode, (
+        f"exact: prompts built with {config.tokenizer} and sent to {engine.describe()} at {mode.path}; "
+        f"replies parsed as vLLM's {tool or 'no'} tool parser and {reasoning or 'no'} reasoning parser "
+        f"({given}); completions capped by a {context_length}-token window"
+    )
 
 
 def _probe_headers(config: ProxyConfig) -> dict[str, str]:

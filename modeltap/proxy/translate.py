@@ -162,6 +162,33 @@ class TranslatedStream:
         return out
 
 
+class Chained:
+    """Two transforming taps in a row: the engine's stream written as chat (`--tokens exact`), then chat
+    written in the client's format. The record's `received` is the first's: the engine's answer."""
+
+    transforms: Literal[True] = True
+
+    def __init__(self, first: Transforming, second: Transforming) -> None:
+        self._first, self._second = first, second
+
+    def relay(self, chunk: bytes) -> bytes:
+        return self._second.relay(self._first.relay(chunk))
+
+    def end(self) -> bytes:
+        return self._second.relay(self._first.end()) + self._second.end()
+
+    def result(self) -> Assembled:
+        return self._second.result()
+
+    @property
+    def complete(self) -> bool:
+        return self._second.complete
+
+    @property
+    def received(self) -> dict[str, Any] | None:
+        return self._first.received
+
+
 def answer_from_chat(
     client: ThroughChat, request: dict[str, Any], chat: dict[str, Any]
 ) -> dict[str, Any] | None:

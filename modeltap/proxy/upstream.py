@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -154,17 +154,20 @@ class Upstream:
         headers: Mapping[str, str],
         body: bytes | None,
         suffix: str = "",
+        paths: Sequence[str] | None = None,
     ) -> WholeReply | StreamedReply:
         """Send one request and return the response: read whole, unless it is a stream of a format that
         streams (only the generating formats stream; anything else that claims to is read whole).
-        `suffix` extends the format's path (`/MODEL_ID` for `GET /v1/models/{id}`).
+        `suffix` extends the format's path (`/MODEL_ID` for `GET /v1/models/{id}`). `paths`, from the
+        server's root, replace the layout's candidates (an engine's own endpoint: `--tokens exact`).
 
         Raises NotFound when every candidate path answered a route-level 404, and the mapped
         ProxyError when the upstream cannot be reached.
         """
-        paths = self.candidates(dialect)
+        base = self.root if paths is not None else self.base_url
+        paths = list(paths) if paths is not None else self.candidates(dialect)
         for path in paths:
-            url = self.base_url + path + suffix + (f"?{query}" if query else "")
+            url = base + path + suffix + (f"?{query}" if query else "")
             try:
                 response = await self._client.request(method, url, headers=headers, data=body)
             except (TimeoutError, aiohttp.ClientError) as exc:
