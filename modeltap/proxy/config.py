@@ -115,7 +115,11 @@ class ProxyConfig:
         "record prompt and completion token ids (asked of vLLM and SGLang, else rendered by --tokenizer)",
     )
     logprobs: bool = option(False, "with --token-ids, also ask for the sampled tokens' logprobs")
-    engine: EngineChoice = option("auto", "the upstream's engine, for --token-ids (default auto: ask it)")
+    engine: EngineChoice = option(
+        "auto",
+        "the upstream's engine, for counting as it prepares messages and for --token-ids (default auto: "
+        "ask it; a transformers server answers /health with JSON: docs/engines.md §7.1)",
+    )
     observers: list[str] = option(
         [], "an observer of every exchange, MODULE:ATTR (a class or factory); repeatable", flag="--observer"
     )

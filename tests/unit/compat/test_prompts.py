@@ -1,54 +1,161 @@
-"""modeltap/compat/prompts.py: messages normalised as SGLang hands them to a template, and the openai
-SDK's typed view AReaL validates chat bodies with."""
+"""modeltap/compat/prompts.py: each engine release's message preparation equals what that release's own
+code made of 200 generated requests (tests/fixtures/engine_prep), the release chosen by version, and
+the openai SDK's typed view AReaL validates chat bodies with."""
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from modeltap.compat.prompts import normalise_message, typed_messages, typed_tools
+from modeltap.compat import prompts
+from modeltap.compat.prompts import (
+    PreparationError,
+    preparation,
+    prepare_conversation,
+    prepare_message,
+    prepare_tools,
+    template_names_developer,
+    typed_messages,
+    typed_tools,
+)
+
+VECTORS = Path(__file__).parents[2] / "fixtures" / "engine_prep" / "vectors.json.gz"
+RELEASES = {
+    "vllm 0.33.0": prompts.VLLM,
+    "vllm 0.19.1": prompts.VLLM_0_19,
+    "sglang 0.5.23": prompts.SGLANG,
+    "sglang 0.5.10.post1": prompts.SGLANG_0_5_10,
+    "transformers 5.24.0": prompts.TRANSFORMERS,
+    "areal 2.0.0": prompts.AREAL,
+}
 
 
-def test_none_fields_go_and_missing_content_is_empty() -> None:
-    assert normalise_message({"role": "assistant", "content": None, "name": None}, True) == {
-        "role": "assistant",
-        "content": "",
-    }
+def vectors() -> list[dict[str, Any]]:
+    with gzip.open(VECTORS, "rt", encoding="utf-8") as f:
+        return list(json.load(f))
 
 
-def test_parts_join_with_a_space_for_string_templates_and_become_placeholders_otherwise() -> None:
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_each_release_prepares_as_its_own_code_did(release: str) -> None:
+    prep = RELEASES[release]
+    checked = refused = 0
+    for case in vectors():
+        engine = case["engines"][release]
+        if "error" in engine:
+            with pytest.raises(PreparationError):
+                prepare_conversation(prep, case["messages"], string_content=True, names_developer=False)
+            refused += 1
+            continue
+        got = prepare_conversation(prep, case["messages"], string_content=True, names_developer=False)
+        assert got == engine["messages"], case["case"]
+        # Key order matters for tools: the template writes each one with `tojson`.
+        assert json.dumps(prepare_tools(prep, case["tools"])) == json.dumps(engine["tools"]), case["case"]
+        checked += 1
+    assert checked + refused == 200 and checked >= 20
+
+
+def test_the_releases_differ_where_the_vectors_say() -> None:
+    """Not one preparation under six names: each pair of releases differs on some request."""
+    cases = vectors()
+    names = sorted(RELEASES)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert any(c["engines"][a] != c["engines"][b] for c in cases), (a, b)
+
+
+@pytest.mark.parametrize(
+    ("engine", "version", "expected"),
+    [
+        ("vllm", None, prompts.VLLM),  # no version told: the newest release read
+        ("vllm", "0.33.0", prompts.VLLM),
+        ("vllm", "0.40.1", prompts.VLLM),
+        ("vllm", "0.25.0", prompts.VLLM_0_19),  # the newest release read that is not newer
+        ("vllm", "0.19.1", prompts.VLLM_0_19),
+        ("vllm", "0.10.2", prompts.VLLM_0_19),  # older than any read: the oldest read
+        ("vllm", "not-a-version", prompts.VLLM),
+        ("sglang", "0.5.23", prompts.SGLANG),
+        ("sglang", "0.5.20", prompts.SGLANG_0_5_10),
+        ("sglang", None, prompts.SGLANG),
+        ("transformers", None, prompts.TRANSFORMERS),
+        ("areal", None, prompts.AREAL),
+        ("unknown", None, prompts.UNKNOWN),
+    ],
+)
+def test_a_release_is_chosen_by_version(engine: str, version: str | None, expected: object) -> None:
+    assert preparation(engine, version) is expected
+
+
+def test_vllm_merges_a_developer_message_only_for_a_template_without_that_role() -> None:
+    messages = [
+        {"role": "system", "content": "one"},
+        {"role": "user", "content": "hi"},
+        {"role": "developer", "content": "two", "tools": None},
+    ]
+    merged = prepare_conversation(prompts.VLLM, messages, string_content=True, names_developer=False)
+    assert merged == [{"role": "system", "content": "one\n\ntwo"}, {"role": "user", "content": "hi"}]
+    kept = prepare_conversation(prompts.VLLM, messages, string_content=True, names_developer=True)
+    assert [m["role"] for m in kept] == ["system", "user", "developer"]
+    assert prompts.VLLM.whole(messages, False) and not prompts.VLLM.whole(messages, True)
+    assert not prompts.SGLANG.whole(messages, False)
+    assert template_names_developer("{% if m.role == 'developer' %}") and not template_names_developer(
+        "{{ x }}"
+    )
+
+
+def test_claude_codes_billing_header_line_goes_from_system_text_parts_too() -> None:
+    header = "x-anthropic-billing-header: cc_version=2.1; cch=1f2e"
+    parts = [{"type": "text", "text": header}, {"type": "text", "text": "You are Claude Code."}]
+    message = {"role": "system", "content": parts}
+    assert prepare_message(prompts.VLLM, message, string_content=True)["content"] == "You are Claude Code."
+    assert prepare_message(prompts.VLLM_0_19, message, string_content=True)["content"].startswith(header)
+
+
+def test_parts_become_placeholders_for_a_template_that_iterates_over_them() -> None:
     parts = [
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": "data:..."}},
         {"type": "input_text", "text": "here"},
     ]
-    assert normalise_message({"role": "user", "content": parts}, True)["content"] == "look here"
-    assert normalise_message({"role": "user", "content": parts}, False)["content"] == [
-        {"type": "text", "text": "look"},
-        {"type": "image"},
-        {"type": "text", "text": "here"},
-    ]
+    expected = [{"type": "text", "text": "look"}, {"type": "image"}, {"type": "text", "text": "here"}]
+    assert (
+        prepare_message(prompts.UNKNOWN, {"role": "user", "content": parts}, string_content=False)["content"]
+        == expected
+    )
+    # transformers serve hands a language model text whatever its template takes.
+    assert (
+        prepare_message(prompts.TRANSFORMERS, {"role": "user", "content": parts}, string_content=False)[
+            "content"
+        ]
+        == "look here"
+    )
 
 
 @pytest.mark.parametrize(
     ("arguments", "expected"),
     [
         ('{"command": "ls"}', {"command": "ls"}),  # a JSON object string is parsed
-        ("[1, 2]", "[1, 2]"),  # JSON that is no object stays text, as AReaL leaves it
+        ("[1, 2]", "[1, 2]"),  # JSON that is no object stays text
         ("not json", "not json"),
         ({"already": "parsed"}, {"already": "parsed"}),
     ],
 )
-def test_tool_call_arguments(arguments: object, expected: object) -> None:
+def test_an_unknown_engine_parses_only_json_object_arguments(arguments: object, expected: object) -> None:
     message = {
         "role": "assistant",
         "tool_calls": [{"id": "c", "function": {"name": "bash", "arguments": arguments}}],
     }
-    assert normalise_message(message, True)["tool_calls"][0]["function"]["arguments"] == expected
+    prepared = prepare_message(prompts.UNKNOWN, message, string_content=True)
+    assert prepared["tool_calls"][0]["function"]["arguments"] == expected
+    assert prepared["content"] == ""
 
 
 def test_a_message_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(TypeError, match="a message must be an object"):
-        normalise_message("hi", True)
+        prepare_message(prompts.VLLM, "hi", string_content=True)
 
 
 def test_typed_view_keeps_declared_fields_in_declaration_order() -> None:
