@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from modeltap import dialects
 from modeltap.compat import prompts
 from modeltap.counting.counter import CountError, TokenCounter
+from tests.conversations import conversations, requests
 from tests.engines.conftest import TransformersServer
-from tests.engines.conversations import conversations, requests
 
 # Generated conversations sent in full, each cut after every message: ~4 requests each, a few seconds
 # of CPU generation in all (one token per request).

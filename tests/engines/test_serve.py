@@ -12,8 +12,8 @@ import openai
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.records.reader import StoreReader
+from tests.conversations import TOOL
 from tests.engines.conftest import TransformersServer
-from tests.engines.conversations import TOOL
 
 # The random model writes a few tokens per turn; a context far above any prompt here.
 MAX_TOKENS = 6

@@ -1,8 +1,8 @@
-"""Chat requests of every shape an agent sends, for the engines tier: a conversation (system or
-developer opening, users with text or text parts and a name, assistants with text, null or parts beside
-tool calls whose arguments are JSON text in any spacing and key order, reasoning under either field,
-tool results as text or parts, notes mid-conversation) cut after each message, so that a request may end
-on any role."""
+"""Chat requests of every shape an agent sends, for the engines tier and the counting tests: a
+conversation (system or developer opening, users with text or text parts and a name, assistants with
+text, null or parts beside tool calls whose arguments are JSON text in any spacing and key order, now
+and then cut short, reasoning under either field, tool results as text or parts, notes
+mid-conversation) cut after each message, so that a request may end on any role."""
 
 from __future__ import annotations
 
