@@ -3,9 +3,9 @@
 Owns: the counter a budget asks (TokenCounter): turning a request into the prompt the backend renders,
 choosing between extending a counted conversation and a full render, and the sampled full
 verification that switches the fast paths off. Does not own: what a format's prompt is
-(modeltap.dialects), the engine's message preparation (compat/prompts.py), what is loaded from a tokenizer
-folder and shared per process (loaded.py), rendering (template.py), the windows
-(windows.py), the pieces (segments.py), the cached conversations (conversations.py), the
+(modeltap.dialects), the engine's message preparation (compat/preparations.py, compat/prompts.py),
+what is loaded from a tokenizer folder and shared per process (loaded.py), rendering (template.py),
+the windows (windows.py), the pieces (segments.py), the cached conversations (conversations.py), the
 limits (budget.py), nor running off the event loop (budget.py calls `count` through
 `asyncio.to_thread`). No transformers: it is the tests' oracle only.
 
@@ -36,14 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modeltap.compat.prompts import (
-    UNKNOWN,
-    Preparation,
-    prepare_conversation,
-    prepare_message,
-    prepare_tools,
-    template_names_developer,
-)
+from modeltap.compat.preparations import UNKNOWN, Preparation, template_names_developer
+from modeltap.compat.prompts import prepare_conversation, prepare_message, prepare_tools
 from modeltap.counting.conversations import Conversation, ConversationCache
 from modeltap.counting.loaded import SEGMENT_CACHE_MAX_CHARS, SHARED, LoadedTokenizer, resolve
 from modeltap.counting.template import APPLY_CHAT_TEMPLATE_PARAMETERS
@@ -144,7 +138,7 @@ class TokenCounter:
         order, which the template's `tojson` shows. Against AReaL, set both.
 
         `preparation` is how the served engine prepares messages and tools before its template
-        (compat/prompts.py `preparation(engine, version)`); the default, UNKNOWN, is modeltap's guess
+        (compat/preparations.py `preparation(engine, version)`); the default, UNKNOWN, is modeltap's guess
         for an engine it does not know.
 
         `verify_first` and `verify_every` (0: never) set which counts are checked by a full render

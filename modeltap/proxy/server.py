@@ -146,7 +146,7 @@ async def _counter(ctx: ProxyContext) -> TokenCounter | None:
     if config.tokenizer is None or (config.budget == "off" and not config.token_ids):
         return None
     _require_budget_extra()
-    from modeltap.compat.prompts import preparation
+    from modeltap.compat.preparations import preparation
     from modeltap.counting.counter import TokenCounter
 
     engine = await _served_engine(ctx)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from modeltap import dialects
-from modeltap.compat import prompts
+from modeltap.compat import preparations
 from modeltap.counting.counter import CountError, TokenCounter
 from tests.conversations import conversations, requests
 from tests.engines.conftest import TransformersServer
@@ -46,7 +46,9 @@ def tally() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def counter(model_folder: Path) -> TokenCounter:
     """Counts by windows and pieces, never checked by a full encode: every count is the fast path's."""
-    return TokenCounter.load(model_folder, preparation=prompts.TRANSFORMERS, verify_first=0, verify_every=0)
+    return TokenCounter.load(
+        model_folder, preparation=preparations.TRANSFORMERS, verify_first=0, verify_every=0
+    )
 
 
 @settings(

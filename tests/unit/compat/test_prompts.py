@@ -1,6 +1,6 @@
 """modeltap/compat/prompts.py: each engine release's message preparation equals what that release's own
-code made of 200 generated requests (tests/fixtures/engine_prep), the release chosen by version, and
-the openai SDK's typed view AReaL validates chat bodies with."""
+code made of 200 generated requests (tests/fixtures/engine_prep), and the openai SDK's typed view AReaL
+validates chat bodies with."""
 
 from __future__ import annotations
 
@@ -11,26 +11,24 @@ from typing import Any
 
 import pytest
 
-from modeltap.compat import prompts
+from modeltap.compat import preparations
 from modeltap.compat.prompts import (
     PreparationError,
-    preparation,
     prepare_conversation,
     prepare_message,
     prepare_tools,
-    template_names_developer,
     typed_messages,
     typed_tools,
 )
 
 VECTORS = Path(__file__).parents[2] / "fixtures" / "engine_prep" / "vectors.json.gz"
 RELEASES = {
-    "vllm 0.33.0": prompts.VLLM,
-    "vllm 0.19.1": prompts.VLLM_0_19,
-    "sglang 0.5.23": prompts.SGLANG,
-    "sglang 0.5.10.post1": prompts.SGLANG_0_5_10,
-    "transformers 5.24.0": prompts.TRANSFORMERS,
-    "areal 2.0.0": prompts.AREAL,
+    "vllm 0.33.0": preparations.VLLM,
+    "vllm 0.19.1": preparations.VLLM_0_19,
+    "sglang 0.5.23": preparations.SGLANG,
+    "sglang 0.5.10.post1": preparations.SGLANG_0_5_10,
+    "transformers 5.24.0": preparations.TRANSFORMERS,
+    "areal 2.0.0": preparations.AREAL,
 }
 
 
@@ -67,51 +65,28 @@ def test_the_releases_differ_where_the_vectors_say() -> None:
             assert any(c["engines"][a] != c["engines"][b] for c in cases), (a, b)
 
 
-@pytest.mark.parametrize(
-    ("engine", "version", "expected"),
-    [
-        ("vllm", None, prompts.VLLM),  # no version told: the newest release read
-        ("vllm", "0.33.0", prompts.VLLM),
-        ("vllm", "0.40.1", prompts.VLLM),
-        ("vllm", "0.25.0", prompts.VLLM_0_19),  # the newest release read that is not newer
-        ("vllm", "0.19.1", prompts.VLLM_0_19),
-        ("vllm", "0.10.2", prompts.VLLM_0_19),  # older than any read: the oldest read
-        ("vllm", "not-a-version", prompts.VLLM),
-        ("sglang", "0.5.23", prompts.SGLANG),
-        ("sglang", "0.5.20", prompts.SGLANG_0_5_10),
-        ("sglang", None, prompts.SGLANG),
-        ("transformers", None, prompts.TRANSFORMERS),
-        ("areal", None, prompts.AREAL),
-        ("unknown", None, prompts.UNKNOWN),
-    ],
-)
-def test_a_release_is_chosen_by_version(engine: str, version: str | None, expected: object) -> None:
-    assert preparation(engine, version) is expected
-
-
 def test_vllm_merges_a_developer_message_only_for_a_template_without_that_role() -> None:
     messages = [
         {"role": "system", "content": "one"},
         {"role": "user", "content": "hi"},
         {"role": "developer", "content": "two", "tools": None},
     ]
-    merged = prepare_conversation(prompts.VLLM, messages, string_content=True, names_developer=False)
+    merged = prepare_conversation(preparations.VLLM, messages, string_content=True, names_developer=False)
     assert merged == [{"role": "system", "content": "one\n\ntwo"}, {"role": "user", "content": "hi"}]
-    kept = prepare_conversation(prompts.VLLM, messages, string_content=True, names_developer=True)
+    kept = prepare_conversation(preparations.VLLM, messages, string_content=True, names_developer=True)
     assert [m["role"] for m in kept] == ["system", "user", "developer"]
-    assert prompts.VLLM.whole(messages, False) and not prompts.VLLM.whole(messages, True)
-    assert not prompts.SGLANG.whole(messages, False)
-    assert template_names_developer("{% if m.role == 'developer' %}") and not template_names_developer(
-        "{{ x }}"
-    )
+    assert preparations.VLLM.whole(messages, False) and not preparations.VLLM.whole(messages, True)
+    assert not preparations.SGLANG.whole(messages, False)
 
 
 def test_claude_codes_billing_header_line_goes_from_system_text_parts_too() -> None:
     header = "x-anthropic-billing-header: cc_version=2.1; cch=1f2e"
     parts = [{"type": "text", "text": header}, {"type": "text", "text": "You are Claude Code."}]
     message = {"role": "system", "content": parts}
-    assert prepare_message(prompts.VLLM, message, string_content=True)["content"] == "You are Claude Code."
-    assert prepare_message(prompts.VLLM_0_19, message, string_content=True)["content"].startswith(header)
+    assert (
+        prepare_message(preparations.VLLM, message, string_content=True)["content"] == "You are Claude Code."
+    )
+    assert prepare_message(preparations.VLLM_0_19, message, string_content=True)["content"].startswith(header)
 
 
 def test_parts_become_placeholders_for_a_template_that_iterates_over_them() -> None:
@@ -122,12 +97,14 @@ def test_parts_become_placeholders_for_a_template_that_iterates_over_them() -> N
     ]
     expected = [{"type": "text", "text": "look"}, {"type": "image"}, {"type": "text", "text": "here"}]
     assert (
-        prepare_message(prompts.UNKNOWN, {"role": "user", "content": parts}, string_content=False)["content"]
+        prepare_message(preparations.UNKNOWN, {"role": "user", "content": parts}, string_content=False)[
+            "content"
+        ]
         == expected
     )
     # transformers serve hands a language model text whatever its template takes.
     assert (
-        prepare_message(prompts.TRANSFORMERS, {"role": "user", "content": parts}, string_content=False)[
+        prepare_message(preparations.TRANSFORMERS, {"role": "user", "content": parts}, string_content=False)[
             "content"
         ]
         == "look here"
@@ -148,14 +125,14 @@ def test_an_unknown_engine_parses_only_json_object_arguments(arguments: object, 
         "role": "assistant",
         "tool_calls": [{"id": "c", "function": {"name": "bash", "arguments": arguments}}],
     }
-    prepared = prepare_message(prompts.UNKNOWN, message, string_content=True)
+    prepared = prepare_message(preparations.UNKNOWN, message, string_content=True)
     assert prepared["tool_calls"][0]["function"]["arguments"] == expected
     assert prepared["content"] == ""
 
 
 def test_a_message_that_is_not_an_object_is_refused() -> None:
     with pytest.raises(TypeError, match="a message must be an object"):
-        prepare_message(prompts.VLLM, "hi", string_content=True)
+        prepare_message(preparations.VLLM, "hi", string_content=True)
 
 
 def test_typed_view_keeps_declared_fields_in_declaration_order() -> None:
@@ -187,3 +164,51 @@ def test_typed_tools_reorder_function_keys() -> None:
         "parameters",
     ]
     assert typed_tools(None) is None
+
+
+def test_a_tools_defer_loading_reaches_its_function_as_the_engines_models_propagate_it() -> None:
+    """vLLM 0.33 and SGLang 0.5.23 copy a tool's `defer_loading` into its function (their tool models'
+    `_propagate_defer_loading`); the vectors' tools never set it."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}, "defer_loading": True}
+    assert prepare_tools(preparations.VLLM, [tool]) == [
+        {
+            "type": "function",
+            "function": {"name": "f", "description": None, "parameters": {}, "defer_loading": True},
+            "defer_loading": True,
+        }
+    ]
+    [sglang] = prepare_tools(preparations.SGLANG, [tool])
+    assert list(sglang["function"]) == ["name", "parameters", "description", "defer_loading"]
+    assert sglang["defer_loading"] is True and sglang["function"]["defer_loading"] is True
+
+
+def test_tool_calls_of_odd_shapes_pass_as_each_engine_reads_them() -> None:
+    odd = {"role": "assistant", "content": "", "tool_calls": ["not a call", {"id": "c", "type": "function"}]}
+    assert prepare_message(preparations.VLLM, odd, string_content=True)["tool_calls"] == odd["tool_calls"]
+    # transformers serve reads a call without `function` as the function itself, and wants arguments.
+    flat = {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": '{"a": 1}'}]}
+    prepared = prepare_message(preparations.TRANSFORMERS, flat, string_content=True)
+    assert prepared["tool_calls"] == [{"name": "f", "arguments": {"a": 1}}]
+    with pytest.raises(PreparationError, match="no arguments"):
+        prepare_message(
+            preparations.TRANSFORMERS,
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]},
+            string_content=True,
+        )
+    parsed = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}],
+    }
+    assert prepare_message(preparations.VLLM, parsed, string_content=True) == parsed
+
+
+def test_system_parts_merge_with_a_developer_message_as_text() -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "developer", "content": "c"},
+    ]
+    merged = prepare_conversation(preparations.VLLM, messages, string_content=False, names_developer=False)
+    assert merged[0] == {"role": "system", "content": "a\nb\n\nc"}
+    assert preparations.VLLM.describe() == "vllm 0.33.0" and preparations.UNKNOWN.describe() == "unknown"

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from modeltap import dialects
-from modeltap.compat import prompts
+from modeltap.compat import preparations, prompts
 from modeltap.counting import counter as counter_module
 from modeltap.counting.counter import CountError, TokenCounter
 from modeltap.counting.segments import Segments
@@ -1008,12 +1008,12 @@ def test_a_dependence_the_load_check_cannot_see_is_caught_by_verification(
 
 ENGINE_VECTORS = Path(__file__).parents[2] / "fixtures" / "engine_prep" / "vectors.json.gz"
 RELEASES = {
-    "vllm 0.33.0": prompts.VLLM,
-    "vllm 0.19.1": prompts.VLLM_0_19,
-    "sglang 0.5.23": prompts.SGLANG,
-    "sglang 0.5.10.post1": prompts.SGLANG_0_5_10,
-    "transformers 5.24.0": prompts.TRANSFORMERS,
-    "areal 2.0.0": prompts.AREAL,
+    "vllm 0.33.0": preparations.VLLM,
+    "vllm 0.19.1": preparations.VLLM_0_19,
+    "sglang 0.5.23": preparations.SGLANG,
+    "sglang 0.5.10.post1": preparations.SGLANG_0_5_10,
+    "transformers 5.24.0": preparations.TRANSFORMERS,
+    "areal 2.0.0": preparations.AREAL,
 }
 
 
