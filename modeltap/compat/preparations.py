@@ -184,6 +184,8 @@ _RELEASES: dict[str, tuple[tuple[Version, Preparation], ...]] = {
     "transformers": ((Version("5.24.0"), TRANSFORMERS),),
     "areal": ((Version("2.0.0"), AREAL),),
 }
+# Every release read and run, by its `describe()` ("vllm 0.33.0"): the names the tests' vectors use.
+RELEASES_READ: dict[str, Preparation] = {p.describe(): p for rs in _RELEASES.values() for _, p in rs}
 
 
 def preparation(engine: str, version: str | None = None) -> Preparation:

@@ -22,14 +22,7 @@ from modeltap.compat.prompts import (
 )
 
 VECTORS = Path(__file__).parents[2] / "fixtures" / "engine_prep" / "vectors.json.gz"
-RELEASES = {
-    "vllm 0.33.0": preparations.VLLM,
-    "vllm 0.19.1": preparations.VLLM_0_19,
-    "sglang 0.5.23": preparations.SGLANG,
-    "sglang 0.5.10.post1": preparations.SGLANG_0_5_10,
-    "transformers 5.24.0": preparations.TRANSFORMERS,
-    "areal 2.0.0": preparations.AREAL,
-}
+RELEASES = preparations.RELEASES_READ
 
 
 def vectors() -> list[dict[str, Any]]:
@@ -60,6 +53,7 @@ def test_the_releases_differ_where_the_vectors_say() -> None:
     """Not one preparation under six names: each pair of releases differs on some request."""
     cases = vectors()
     names = sorted(RELEASES)
+    assert names == sorted(cases[0]["engines"]), "every release read has its vectors"
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             assert any(c["engines"][a] != c["engines"][b] for c in cases), (a, b)

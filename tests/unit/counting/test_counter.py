@@ -1007,14 +1007,7 @@ def test_a_dependence_the_load_check_cannot_see_is_caught_by_verification(
 # --- as each engine prepares messages (docs/engines.md §7) ------------------------------------------
 
 ENGINE_VECTORS = Path(__file__).parents[2] / "fixtures" / "engine_prep" / "vectors.json.gz"
-RELEASES = {
-    "vllm 0.33.0": preparations.VLLM,
-    "vllm 0.19.1": preparations.VLLM_0_19,
-    "sglang 0.5.23": preparations.SGLANG,
-    "sglang 0.5.10.post1": preparations.SGLANG_0_5_10,
-    "transformers 5.24.0": preparations.TRANSFORMERS,
-    "areal 2.0.0": preparations.AREAL,
-}
+RELEASES = preparations.RELEASES_READ
 
 
 @pytest.fixture(scope="module")
