@@ -172,6 +172,18 @@ AREAL = Preparation(
     missing_content=None,
     drop_none_deep=True,
 )
+# AReaL 1.0.4's client parses no argument strings (the template inserts them verbatim); the rest as 2.0.0.
+AREAL_1_0_4 = Preparation(
+    "areal",
+    "1.0.4",
+    None,
+    "text",
+    "as_sent",
+    "as_sent",
+    text_separator=None,
+    missing_content=None,
+    drop_none_deep=True,
+)
 # An engine modeltap does not know: what modeltap counted before it knew any (a space between text
 # parts, JSON object arguments parsed, None dropped), the nearest to SGLang's.
 UNKNOWN = Preparation("unknown", "", None, "object_or_text", "as_sent", "as_sent")
@@ -182,7 +194,7 @@ _RELEASES: dict[str, tuple[tuple[Version, Preparation], ...]] = {
     "vllm": ((Version("0.19.1"), VLLM_0_19), (Version("0.33.0"), VLLM)),
     "sglang": ((Version("0.5.10.post1"), SGLANG_0_5_10), (Version("0.5.23"), SGLANG)),
     "transformers": ((Version("5.24.0"), TRANSFORMERS),),
-    "areal": ((Version("2.0.0"), AREAL),),
+    "areal": ((Version("1.0.4"), AREAL_1_0_4), (Version("2.0.0"), AREAL)),
 }
 # Every release read and run, by its `describe()` ("vllm 0.33.0"): the names the tests' vectors use.
 RELEASES_READ: dict[str, Preparation] = {p.describe(): p for rs in _RELEASES.values() for _, p in rs}

@@ -25,6 +25,7 @@ from modeltap.compat.preparations import preparation, template_names_developer
         ("sglang", None, preparations.SGLANG),
         ("transformers", None, preparations.TRANSFORMERS),
         ("areal", None, preparations.AREAL),
+        ("areal", "1.0.4", preparations.AREAL_1_0_4),
         ("unknown", None, preparations.UNKNOWN),
     ],
 )
