@@ -1,6 +1,7 @@
 """Which inference engine an upstream is, and how to ask it for the token ids it used.
 
-Owns: telling vLLM from SGLang by their discovery answers (`GET /v1/models`, `/version`, `/server_info`),
+Owns: telling vLLM, SGLang, `transformers serve` and AReaL's proxy apart by their discovery answers
+(`GET /v1/models`, `/version`, `/server_info`, `/health`),
 and, for one request, the body fields and headers that make that engine return its prompt and
 completion ids (and the sampled tokens' logprobs), gated by the versions that have them
 (docs/engines.md §3, §6). Does not own: fetching those answers (proxy/token_recorder.py), reading the ids
@@ -21,14 +22,17 @@ from typing import Any, Literal, get_args
 
 from packaging.version import InvalidVersion, Version
 
-EngineChoice = Literal["auto", "vllm", "sglang"]
+EngineChoice = Literal["auto", "vllm", "sglang", "transformers", "areal"]
 ENGINE_CHOICES: tuple[EngineChoice, ...] = get_args(EngineChoice)
-EngineName = Literal["vllm", "sglang", "unknown"]
+EngineName = Literal["vllm", "sglang", "transformers", "areal", "unknown"]
+# The engines that return the ids they used (the others are counted, and their ids rendered).
+ID_ENGINES = frozenset({"vllm", "sglang"})
 
 # What is asked at start, cheapest and most telling first (docs/engines.md §3): the model card's
 # `owned_by` names both engines; vLLM alone answers /version, SGLang alone /server_info (and
-# /get_server_info before 0.5.6).
-PROBE_PATHS = ("/v1/models", "/version", "/server_info", "/get_server_info")
+# /get_server_info before 0.5.6). `transformers serve` and AReaL's proxy answer /health with JSON,
+# which vLLM and SGLang answer with an empty body (docs/engines.md §9.2).
+PROBE_PATHS = ("/v1/models", "/version", "/server_info", "/get_server_info", "/health")
 
 # The first releases with each extension (docs/engines.md §1.8, §2.8).
 VLLM_TOKEN_IDS = Version("0.10.2")  # return_token_ids on chat and completions, streamed and not
@@ -75,7 +79,7 @@ class TokenAsk:
 def identify(answers: Mapping[str, Any]) -> EngineInfo:
     """The engine behind the discovery `answers` (decoded JSON by path, None where a path did not
     answer 200 with JSON), or UNKNOWN. A version is taken from /version (vLLM) or /server_info
-    (SGLang) when one answered."""
+    (SGLang) when one answered; `transformers serve` and AReaL's proxy report none."""
     owner = _model_owner(answers.get("/v1/models"))
     vllm_version = _version_of(answers.get("/version"))
     sglang_info = answers.get("/server_info") or answers.get("/get_server_info")
@@ -86,11 +90,29 @@ def identify(answers: Mapping[str, Any]) -> EngineInfo:
     if owner == "sglang" or (owner is None and sglang_version is not None):
         source = "GET /v1/models owned_by" if owner else "GET /server_info"
         return EngineInfo("sglang", sglang_version, source)
+    return _by_health(answers)
+
+
+def _by_health(answers: Mapping[str, Any]) -> EngineInfo:
+    """`transformers serve` (a model card's `status` object, or /health `{"status": "ok"}`) or AReaL's
+    proxy (/health with `initialized`), else UNKNOWN (docs/engines.md §9.2)."""
+    health = answers.get("/health")
+    if isinstance(health, dict) and "initialized" in health:
+        return EngineInfo("areal", None, "GET /health initialized")
+    cards = answers.get("/v1/models")
+    listed = cards.get("data") if isinstance(cards, dict) else None
+    if isinstance(listed, list) and any(
+        isinstance(c, dict) and isinstance(c.get("status"), dict) for c in listed
+    ):
+        return EngineInfo("transformers", None, "GET /v1/models status")
+    if health == {"status": "ok"}:
+        return EngineInfo("transformers", None, "GET /health")
     return UNKNOWN
 
 
 def chosen(choice: EngineChoice) -> EngineInfo | None:
-    """The engine an operator named (`--engine vllm|sglang`), or None for `auto` (probe)."""
+    """The engine an operator named (`--engine vllm|sglang|transformers|areal`), or None for `auto`
+    (probe). A named engine has no version: its newest release's facts apply."""
     if choice not in ENGINE_CHOICES:
         raise ValueError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {choice!r}")
     return None if choice == "auto" else EngineInfo(choice, None, "--engine")
@@ -106,8 +128,9 @@ def token_ask(
     vLLM: `return_token_ids` everywhere. SGLang: the sglext headers on chat (0.5.20+; `return_token_ids`
     on a streamed chat is a 400 there), `return_token_ids` on completions and, for 0.5.17 to 0.5.19,
     on non-streamed chat (docs/engines.md §3 step 4). With `logprobs`, the sampled tokens' logprobs:
-    `logprobs: true` on chat, `logprobs: 0` (no alternatives) on completions."""
-    if endpoint not in TOKEN_ID_ENDPOINTS or engine.name == "unknown":
+    `logprobs: true` on chat, `logprobs: 0` (no alternatives) on completions. `transformers serve`
+    returns no ids (and refuses unknown fields with 422), nor does AReaL's proxy."""
+    if endpoint not in TOKEN_ID_ENDPOINTS or engine.name not in ID_ENGINES:
         return None
     version = _parsed(engine.version)
     fields: dict[str, Any] = {}

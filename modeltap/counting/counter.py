@@ -3,14 +3,16 @@
 Owns: the counter a budget asks (TokenCounter): turning a request into the prompt the backend renders,
 choosing between extending a counted conversation and a full render, and the sampled full
 verification that switches the fast paths off. Does not own: what a format's prompt is
-(modeltap.dialects), the backend's normalisation (compat/prompts.py), what is loaded from a tokenizer
-folder and shared per process (loaded.py), rendering (template.py), the windows
-(windows.py), the pieces (segments.py), the cached conversations (conversations.py), the
+(modeltap.dialects), the engine's message preparation (compat/preparations.py, compat/prompts.py),
+what is loaded from a tokenizer folder and shared per process (loaded.py), rendering (template.py),
+the windows (windows.py), the pieces (segments.py), the cached conversations (conversations.py), the
 limits (budget.py), nor running off the event loop (budget.py calls `count` through
 `asyncio.to_thread`). No transformers: it is the tests' oracle only.
 
 How a count is made (docs/token-budgets.md §5):
-1. the prompt is normalised the way the backend does it (compat/prompts.py);
+1. the prompt is prepared the way the served engine prepares it (its release's `Preparation`,
+   compat/prompts.py: docs/engines.md §7); a conversation the engine rewrites as a whole (vLLM merging
+   a developer message into the system message) is rendered in full;
 2. a request that extends a conversation counted before (the same tools and kwargs, its earlier
    messages unchanged) renders only its new messages, in a window (windows.py), and counts
    only the text they add, from where the last count was cut (segments.py): its cost is what the
@@ -34,7 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modeltap.compat.prompts import normalise_message
+from modeltap.compat.preparations import UNKNOWN, Preparation, template_names_developer
+from modeltap.compat.prompts import prepare_conversation, prepare_message, prepare_tools
 from modeltap.counting.conversations import Conversation, ConversationCache
 from modeltap.counting.loaded import SEGMENT_CACHE_MAX_CHARS, SHARED, LoadedTokenizer, resolve
 from modeltap.counting.template import APPLY_CHAT_TEMPLATE_PARAMETERS
@@ -131,6 +134,7 @@ class TokenCounter:
         *,
         request_template_kwargs: bool = True,
         openai_typed_chat: bool = False,
+        preparation: Preparation = UNKNOWN,
         verify_first: int = VERIFY_FIRST_REQUESTS,
         verify_every: int = VERIFY_EVERY_REQUESTS,
         conversations_max_chars: int = CONVERSATIONS_MAX_CHARS,
@@ -144,6 +148,10 @@ class TokenCounter:
         not declare (such as `reasoning_content`) dropped, and tool definitions in the types' key
         order, which the template's `tojson` shows. Against AReaL, set both.
 
+        `preparation` is how the served engine prepares messages and tools before its template
+        (compat/preparations.py `preparation(engine, version)`); the default, UNKNOWN, is modeltap's guess
+        for an engine it does not know.
+
         `verify_first` and `verify_every` (0: never) set which counts are checked by a full render
         and encode: the first ones, then one in `verify_every` (`check_interval`);
         `conversations_max_chars` bounds the conversations kept for their next turn.
@@ -152,6 +160,10 @@ class TokenCounter:
         self._template_kwargs = dict(chat_template_kwargs or {})
         self._request_template_kwargs = request_template_kwargs
         self._openai_typed_chat = openai_typed_chat
+        self._preparation = preparation
+        self._names_developer = {
+            name: template_names_developer(source) for name, source in tokenizer.template.templates.items()
+        }
         self._verify_first, self._verify_every = verify_first, verify_every
         self._conversations = ConversationCache(conversations_max_chars)
         self._fast_path = tokenizer.segments is not None
@@ -180,6 +192,11 @@ class TokenCounter:
             for tools in (None, [{"type": "function"}]):
                 tokenizer.stability.windows(counter._kwargs({}), tools)
         return counter
+
+    @property
+    def preparation(self) -> Preparation:
+        """How the served engine prepares messages, as this counter counts them."""
+        return self._preparation
 
     @property
     def tokenizer(self) -> LoadedTokenizer:
@@ -217,7 +234,8 @@ class TokenCounter:
             if isinstance(prompt, TextPrompt):
                 return self._count_completion_prompt(prompt.prompt)
             request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
-            return self._count_chat(list(prompt.messages), prompt.tools, self._kwargs(request_kwargs))
+            tools = prepare_tools(self._preparation, prompt.tools)
+            return self._count_chat(list(prompt.messages), tools, self._kwargs(request_kwargs))
         except RENDER_ERRORS as exc:
             if isinstance(exc, CountError):
                 raise
@@ -259,10 +277,10 @@ class TokenCounter:
                 return prompt
             request_kwargs = prompt.template_kwargs if self._request_template_kwargs else {}
             messages = [*prompt.messages, reply] if reply is not None else list(prompt.messages)
-            normalise = self._normaliser(prompt.tools)
+            tools = prepare_tools(self._preparation, prompt.tools)
             return self._tokenizer.template.render(
-                [normalise(message) for message in messages],
-                tools=prompt.tools,
+                self._prepared(messages, tools),
+                tools=tools,
                 add_generation_prompt=reply is None,
                 **self._kwargs(request_kwargs),
             )
@@ -284,17 +302,20 @@ class TokenCounter:
         normalise = self._normaliser(tools)
         answer: int | None = None
         text = None
-        windows = self._windows(kwargs, tools)
+        whole = self._preparation.whole(
+            messages, self._names_developer[self._tokenizer.template.name_for(tools)]
+        )
+        windows = None if whole else self._windows(kwargs, tools)
         if windows is not None:
             base = self._conversations.find(messages, tools, kwargs)
             if base is not None:
                 answer = self._extend(base, messages, tools, kwargs, windows, normalise)
         if answer is None:
-            normalised = [normalise(message) for message in messages]
+            normalised = self._prepared(messages, tools)
             text = self._tokenizer.template.render(normalised, tools=tools, **kwargs)
             answer = self._count_rendered(text, messages, normalised, tools, kwargs, windows)
         if self._to_check(answer):
-            return self._verified(answer, text, messages, tools, kwargs, normalise)
+            return self._verified(answer, text, messages, tools, kwargs)
         return answer
 
     def _windows(self, kwargs: dict[str, Any], tools: Sequence[Mapping[str, Any]] | None) -> Windows | None:
@@ -393,8 +414,22 @@ class TokenCounter:
         return total
 
     def _normaliser(self, tools: Sequence[Mapping[str, Any]] | None) -> Callable[[Any], dict[str, Any]]:
+        """One message as the engine prepares it, for the windows (which never hold a conversation
+        the engine rewrites as a whole)."""
         string_content = self._tokenizer.string_content[self._tokenizer.template.name_for(tools)]
-        return functools.partial(normalise_message, string_content=string_content)
+        return functools.partial(prepare_message, self._preparation, string_content=string_content)
+
+    def _prepared(
+        self, messages: Sequence[Any], tools: Sequence[Mapping[str, Any]] | None
+    ) -> list[dict[str, Any]]:
+        """The whole conversation as the engine prepares it."""
+        name = self._tokenizer.template.name_for(tools)
+        return prepare_conversation(
+            self._preparation,
+            messages,
+            string_content=self._tokenizer.string_content[name],
+            names_developer=self._names_developer[name],
+        )
 
     # --- completions --------------------------------------------------------------------------------
 
@@ -440,12 +475,11 @@ class TokenCounter:
         messages: list[Any],
         tools: Sequence[Mapping[str, Any]] | None,
         kwargs: dict[str, Any],
-        normalise: Callable[[Any], dict[str, Any]],
     ) -> int:
         """The full render's and encode's count of a chat prompt, checked against `answer`."""
         if text is None:
             try:
-                normalised = [normalise(message) for message in messages]
+                normalised = self._prepared(messages, tools)
                 text = self._tokenizer.template.render(normalised, tools=tools, **kwargs)
             except RENDER_ERRORS:
                 # Counted by windows though transformers could not render it: the windows are wrong.

@@ -146,6 +146,10 @@ class _MessageEvents:
             self._message = {"type": "message", "role": "assistant", "content": [], "usage": {}}
         return self._message
 
+    def whole(self) -> bool:
+        """An Anthropic stream is whole only at its message_stop."""
+        return False
+
     def body(self) -> dict[str, Any] | None:
         if self._message is None and not self._blocks and not self._pieces.keys():
             return None

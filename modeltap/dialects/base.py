@@ -98,6 +98,12 @@ class Assembler(Protocol):
         """The non-streamed body rebuilt from the events so far."""
         ...
 
+    def whole(self) -> bool:
+        """Whether the events so far are a whole stream though END never came: a format whose streams
+        may end without their terminal event says here when its own events finish it
+        (docs/engines.md §8)."""
+        ...
+
 
 class ChatTranslator(Protocol):
     """Writes one exchange's stream in a format from the OpenAI chat chunk stream an upstream sends,

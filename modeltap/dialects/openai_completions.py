@@ -55,6 +55,14 @@ class ChoiceChunks:
         merge_chunk_ids(self._ids, obj, self._choice_ids)
         return False
 
+    def whole(self) -> bool:
+        """Every choice has its finish reason: the stream said all it had to, [DONE] or not.
+        `transformers serve` ends its streams at the finish chunk, which carries the usage, and
+        never sends [DONE] (docs/engines.md §8); a stream cut before a choice finished is not whole."""
+        return bool(self._choices) and all(
+            state["finish_reason"] is not None for state in self._choices.values()
+        )
+
     def body(self) -> dict[str, Any] | None:
         if not self._head and not self._choices and self._usage is None:
             return None

@@ -101,6 +101,10 @@ class _ResponseEvents:
             self._pieces.add((output, container, number, field), obj.get("delta"))
         return False
 
+    def whole(self) -> bool:
+        """A Responses stream is whole only at its terminal response event."""
+        return False
+
     def body(self) -> dict[str, Any] | None:
         if self._final or (self._response is None and not self._items and not self._pieces.keys()):
             return self._response

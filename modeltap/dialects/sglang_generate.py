@@ -35,6 +35,12 @@ class _Outputs:
         self._last = obj
         return False
 
+    def whole(self) -> bool:
+        """The last chunk carries the finish reason: the output is complete, [DONE] or not."""
+        return (
+            self._last is not None and as_dict(self._last.get("meta_info")).get("finish_reason") is not None
+        )
+
     def body(self) -> dict[str, Any] | None:
         return self._last
 

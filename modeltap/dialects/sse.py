@@ -159,8 +159,9 @@ class Assembled:
     """What a stream amounted to.
 
     `body` is the non-streamed body it rebuilds (None if nothing usable arrived); `events` counts the
-    SSE events; `complete` says whether the stream ended properly (OpenAI's [DONE], Anthropic's
-    message_stop, a Responses stream's response.completed, .incomplete or .failed); `error` describes
+    SSE events; `complete` says whether the stream ended properly (OpenAI's [DONE], or every choice's
+    finish reason where a server sends no [DONE]; Anthropic's message_stop, a Responses stream's
+    response.completed, .incomplete or .failed); `error` describes
     the first problem: invalid SSE, an error event, or a stream cut short.
     """
 
@@ -205,6 +206,8 @@ class StreamAssembler:
         """End the stream and say what it amounted to. Later `feed` calls are ignored."""
         if self._result is None:
             self._safely(lambda: self._take_all(self._decoder.flush(), at_eof=True))
+            if not self._complete and self._error is None and self._safely(self._dialect.whole):
+                self._complete = True
             if not self._complete:
                 self._hold(f"stream ended before {self._dialect.END} after {self._events} events")
             body = self._safely(self._dialect.body)

@@ -120,7 +120,11 @@ class ProxyConfig:
     )
     token_ids: bool = option(False, "the same as --tokens observe")
     logprobs: bool = option(False, "with --tokens, also ask for the sampled tokens' logprobs")
-    engine: EngineChoice = option("auto", "the upstream's engine, for --tokens (default auto: ask it)")
+    engine: EngineChoice = option(
+        "auto",
+        "the upstream's engine, for counting as it prepares messages and for --tokens (default auto: "
+        "ask it; a transformers server answers /health with JSON: docs/engines.md §7.1)",
+    )
     tool_parser: str | None = option(
         None, "with --tokens exact, the tool-call parser vLLM would use (default: told by the chat template)"
     )

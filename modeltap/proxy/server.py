@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from modeltap import dialects
+from modeltap.compat.engines import ID_ENGINES, EngineInfo, chosen
+from modeltap.compat.engines import UNKNOWN as UNKNOWN_ENGINE
 from modeltap.compat.layouts import LAYOUT_HELP, serves
 from modeltap.dialects.roles import ThroughChat
 from modeltap.proxy import admin, listener, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
-from modeltap.proxy.token_recorder import TokenIdRecorder
+from modeltap.proxy.token_recorder import TokenIdRecorder, probe
 from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
 
@@ -124,7 +126,7 @@ def _otlp(config: ProxyConfig) -> list[OtlpExport]:
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx = app[CONTEXT]
-    counter = await _counter(ctx.config)
+    counter = await _counter(ctx)
     ctx.budget, ctx.budget_report = await _budget(ctx, counter)
     ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
     ctx.exact, exact_report = await _exact(ctx, counter)
@@ -141,16 +143,20 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await ctx.store.close()
 
 
-async def _counter(config: ProxyConfig) -> TokenCounter | None:
-    """The served model's tokenizer, when a budget or `--token-ids` needs it and one is configured."""
+async def _counter(ctx: ProxyContext) -> TokenCounter | None:
+    """The served model's tokenizer, when a budget or `--token-ids` needs it and one is configured,
+    counting as the served engine prepares messages (`_served_engine`)."""
+    config = ctx.config
     if config.tokenizer is None or (config.budget == "off" and not config.token_ids):
         return None
     _require_budget_extra()
+    from modeltap.compat.preparations import preparation
     from modeltap.counting.counter import TokenCounter
 
+    engine = await _served_engine(ctx)
     # AReaL drops a request's chat_template_kwargs and validates chat bodies against the openai SDK's
     # types, which reorders each tool's keys (docs/areal.md §1.1.6): count what it renders.
-    areal = config.layout in ("areal", "areal-gateway")
+    areal = engine.name == "areal"
     # Off the loop: a first load reads the vocabulary for a second or two (a later one, of the same
     # folder in this process, is shared: tokens.SHARED).
     return await asyncio.to_thread(
@@ -159,7 +165,24 @@ async def _counter(config: ProxyConfig) -> TokenCounter | None:
         config.chat_template_kwargs,
         request_template_kwargs=not areal,
         openai_typed_chat=areal,
+        preparation=preparation(engine.name, engine.version),
     )
+
+
+async def _served_engine(ctx: ProxyContext) -> EngineInfo:
+    """The engine whose message preparation the counter follows (docs/engines.md §7.1): `--engine`,
+    else AReaL's proxy behind an AReaL layout, else what the default upstream's discovery answers say
+    (its version picks the release); with neither, UNKNOWN."""
+    config = ctx.config
+    named = chosen(config.engine)
+    if named is not None:
+        return named
+    if config.layout in ("areal", "areal-gateway"):
+        return EngineInfo("areal", None, "--layout")
+    if config.upstream is None:
+        return UNKNOWN_ENGINE
+    engine, _ = await probe(ctx.upstream(config.upstream), _probe_headers(config))
+    return engine
 
 
 async def _budget(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[Budget | None, str]:
@@ -179,7 +202,11 @@ async def _budget(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[Budg
     sources = {"context_length": source, "engine_max_tokens": "--engine-max-tokens", "reserve": "--reserve"}
     limits = Limits(context_length, config.engine_max_tokens, config.reserve, sources)
     budget = Budget(counter, limits, config.budget, config.min_completion_tokens)
-    return budget, f"{config.budget} with {config.tokenizer}: {limits.describe()}"
+    prepared = counter.preparation.describe()
+    return (
+        budget,
+        f"{config.budget} with {config.tokenizer} as {prepared} prepares messages: {limits.describe()}",
+    )
 
 
 def _require_budget_extra() -> None:
@@ -215,7 +242,7 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
     if config.upstream is None:
         return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"
     engine = await recorder.engine(ctx.upstream(config.upstream), _probe_headers(config))
-    if engine.name != "unknown":
+    if engine.name in ID_ENGINES:
         fallback = f", else {rendered}" if rendered else ""
         return recorder, f"asked of {engine.describe()}{fallback}"
     if rendered:

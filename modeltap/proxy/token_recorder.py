@@ -70,11 +70,7 @@ class TokenIdRecorder:
             known = self._engines.get(upstream.root)
             if known is not None and (known[1] is None or time.monotonic() < known[1]):
                 return known[0]
-            answers = {
-                path: await upstream.fetch_json(path, headers, PROBE_TIMEOUT_S) for path in PROBE_PATHS
-            }
-            engine = identify(answers)
-            answered = any(answer is not None for answer in answers.values())
+            engine, answered = await probe(upstream, headers)
             self._engines[upstream.root] = (engine, None if answered else time.monotonic() + REPROBE_AFTER_S)
             log.info("upstream %s: engine %s", upstream.root, engine.describe())
             return engine
@@ -100,6 +96,13 @@ class TokenIdRecorder:
         except Exception:  # the boundary: a body the renderer cannot read costs its ids, never its record
             log.warning("token ids not rendered for a %s exchange", dialect.name, exc_info=True)
             return None
+
+
+async def probe(upstream: Upstream, headers: Mapping[str, str]) -> tuple[EngineInfo, bool]:
+    """The engine behind `upstream` by its discovery answers (docs/engines.md §3), and whether any
+    probe answered at all."""
+    answers = {path: await upstream.fetch_json(path, headers, PROBE_TIMEOUT_S) for path in PROBE_PATHS}
+    return identify(answers), any(answer is not None for answer in answers.values())
 
 
 def with_fields(payload: bytes, body: Mapping[str, Any], fields: Mapping[str, Any]) -> bytes:

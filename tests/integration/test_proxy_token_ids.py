@@ -131,7 +131,7 @@ async def test_an_explicit_engine_skips_the_probe_and_auto_probes_once(
         await bash_task(proxy.host_base_url + "/v1", stream=False)
         assert "asked of sglang 0.5.23" in proxy.context.token_ids_report
     probes = [r.path for r in sglang_standin.requests if r.method == "GET"]
-    assert probes == ["/v1/models", "/version", "/server_info", "/get_server_info"]
+    assert probes == ["/v1/models", "/version", "/server_info", "/get_server_info", "/health"]
 
 
 async def test_without_ids_from_the_server_they_are_rendered_and_breaks_still_found(

@@ -13,6 +13,7 @@ MODULES = [
     "modeltap.compat.doctor",
     "modeltap.compat.hydra",
     "modeltap.compat.layouts",
+    "modeltap.compat.preparations",
     "modeltap.compat.prompts",
 ]
 

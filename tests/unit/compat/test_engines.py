@@ -1,4 +1,5 @@
-"""modeltap/compat/engines.py: telling vLLM from SGLang, and what each is asked for its token ids."""
+"""modeltap/compat/engines.py: telling vLLM, SGLang, transformers serve and AReaL's proxy apart, and what
+each is asked for its token ids."""
 
 from __future__ import annotations
 
@@ -12,7 +13,20 @@ VLLM_MODELS = {
     "data": [{"id": "q", "owned_by": "vllm", "root": "/models/q", "permission": []}],
 }
 SGLANG_MODELS = {"object": "list", "data": [{"id": "q", "owned_by": "sglang", "root": "q"}]}
-NO_ANSWER = {"/v1/models": None, "/version": None, "/server_info": None, "/get_server_info": None}
+NO_ANSWER = {
+    "/v1/models": None,
+    "/version": None,
+    "/server_info": None,
+    "/get_server_info": None,
+    "/health": None,
+}
+# transformers serve 5.24.0, pinned to a local model folder: answered by the engines tier's server.
+TRANSFORMERS_MODELS = {
+    "object": "list",
+    "data": [
+        {"owned_by": "local", "id": "/m", "object": "model", "created": 0, "status": {"value": "loaded"}}
+    ],
+}
 
 
 def test_model_card_owner_names_the_engine_and_the_version_probe_its_release() -> None:
@@ -30,10 +44,30 @@ def test_without_a_model_card_the_version_routes_tell() -> None:
     assert identify({**NO_ANSWER, "/server_info": {"vllm_config": "…", "version": "0.5.4"}}) == UNKNOWN
 
 
-def test_areal_and_openai_are_unknown() -> None:
+def test_openai_is_unknown() -> None:
     openai_models = {"object": "list", "data": [{"id": "gpt-x", "owned_by": "openai"}]}
     assert identify(NO_ANSWER) == UNKNOWN
     assert identify({**NO_ANSWER, "/v1/models": openai_models}) == UNKNOWN
+
+
+def test_transformers_serve_and_areal_tell_themselves_by_their_model_cards_and_health() -> None:
+    assert identify(
+        {**NO_ANSWER, "/v1/models": TRANSFORMERS_MODELS, "/health": {"status": "ok"}}
+    ) == EngineInfo("transformers", None, "GET /v1/models status")
+    # A server that loads models on demand lists none before the first request: /health tells it.
+    empty = {"object": "list", "data": []}
+    assert identify({**NO_ANSWER, "/v1/models": empty, "/health": {"status": "ok"}}).name == "transformers"
+    areal = identify({**NO_ANSWER, "/health": {"status": "ok", "initialized": True}})
+    assert (areal.name, areal.source) == ("areal", "GET /health initialized")
+    # vLLM and SGLang answer /health with an empty body (no JSON): their own probes still decide.
+    assert identify({**NO_ANSWER, "/v1/models": VLLM_MODELS}).name == "vllm"
+
+
+@pytest.mark.parametrize("engine", ["transformers", "areal"])
+def test_engines_that_return_no_ids_are_never_asked(engine: str) -> None:
+    info = chosen(engine)  # type: ignore[arg-type]
+    assert info == EngineInfo(engine, None, "--engine")  # type: ignore[arg-type]
+    assert token_ask(info, "chat", streamed=True, logprobs=True, body={}) is None
 
 
 def test_the_operator_may_name_the_engine() -> None:

@@ -10,6 +10,7 @@ oracle only: the counter never imports it.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import logging
@@ -18,6 +19,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,10 +29,12 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from modeltap import dialects
+from modeltap.compat import preparations, prompts
 from modeltap.counting import counter as counter_module
 from modeltap.counting.counter import CountError, TokenCounter
 from modeltap.counting.segments import Segments
 from modeltap.dialects.roles import Dialect
+from tests import conversations as chat_shapes
 from tests.factories import byte_level_tokenizer, qwen_folder
 
 # Hypothesis budgets: enough generated conversations to cover tools, tool calls, unicode, code and
@@ -998,3 +1002,73 @@ def test_a_dependence_the_load_check_cannot_see_is_caught_by_verification(
     assert "counting only the new messages gave" in caplog.text
     stats = checked.stats
     assert (stats.mismatches, stats.incremental, stats.fast_path) == (1, False, True)
+
+
+# --- as each engine prepares messages (docs/engines.md §7) ------------------------------------------
+
+ENGINE_VECTORS = Path(__file__).parents[2] / "fixtures" / "engine_prep" / "vectors.json.gz"
+RELEASES = preparations.RELEASES_READ
+
+
+@pytest.fixture(scope="module")
+def release_counters(qwen_dir: str) -> dict[str, TokenCounter]:
+    """A counter per engine release, never checked by a full encode: every count is the fast path's."""
+    return {
+        name: TokenCounter.load(qwen_dir, preparation=prep, verify_first=0, verify_every=0)
+        for name, prep in RELEASES.items()
+    }
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_each_release_counts_the_prompt_its_own_preparation_renders(
+    release_counters: dict[str, TokenCounter], release: str
+) -> None:
+    """The vectors' counts come from each release's own preparation code rendered by transformers
+    (tests/fixtures/engine_prep): a request the release refuses, or whose prepared messages the
+    template cannot render, is one modeltap cannot count."""
+    with gzip.open(ENGINE_VECTORS, "rt", encoding="utf-8") as f:
+        cases = json.load(f)
+    counter = release_counters[release]
+    counted = 0
+    for case in cases:
+        body = {
+            "model": "m",
+            "messages": case["messages"],
+            **({"tools": case["tools"]} if case["tools"] else {}),
+        }
+        want = case["engines"][release].get("prompt_tokens")
+        if want is None:
+            with pytest.raises(CountError):
+                counter.count(dialects.named("chat"), body)
+            continue
+        assert counter.count(dialects.named("chat"), body) == want, case["case"]
+        counted += 1
+    assert counted >= 20
+
+
+@settings(max_examples=GROWTH_CONVERSATIONS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversation=chat_shapes.conversations())
+def test_each_release_counts_a_conversation_ending_on_any_role_exactly(
+    qwen: PreTrainedTokenizerBase,
+    release_counters: dict[str, TokenCounter],
+    conversation: tuple[list[dict[str, Any]], list[dict[str, Any]] | None],
+) -> None:
+    """Every prefix of a generated conversation, as each release prepares it, counted by windows as it
+    grows: equal to transformers' render of the release's prepared messages, or refused by both."""
+    messages, tool_list = conversation
+    for release, prep in RELEASES.items():
+        for body in chat_shapes.requests(messages, tool_list, "m"):
+            try:
+                prepared = prompts.prepare_conversation(
+                    prep, body["messages"], string_content=True, names_developer=False
+                )
+                want: int | None = reference(qwen, prepared, prompts.prepare_tools(prep, tool_list))
+            except (ValueError, TypeError, jinja2.TemplateError):
+                want = None
+            if want is None:
+                with pytest.raises(CountError):
+                    release_counters[release].count(dialects.named("chat"), body)
+            else:
+                assert release_counters[release].count(dialects.named("chat"), body) == want, release
+    for counter in release_counters.values():
+        assert (counter.stats.mismatches, counter.stats.incremental) == (0, True)

@@ -658,16 +658,42 @@ def test_json_that_is_not_an_object() -> None:
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "stream"),
-    [("chat", OPENCODE_TOOL_CALL), ("messages", CLAUDE_TOOL_USE), ("responses", RESPONSES_TEXT)],
+    ("endpoint", "stream"), [("messages", CLAUDE_TOOL_USE), ("responses", RESPONSES_TEXT)]
 )
 def test_missing_terminal_event_is_a_truncated_stream(endpoint: str, stream: bytes) -> None:
     last = stream.rstrip(b"\n").rfind(b"\n\n") + 2
     result = assemble(endpoint, stream[:last])
-    end = {"chat": "[DONE]", "messages": "message_stop", "responses": "response.completed"}[endpoint]
+    end = {"messages": "message_stop", "responses": "response.completed"}[endpoint]
     events = len(decode(stream)) - 1
     assert result.complete is False
     assert result.error == f"stream ended before {end} after {events} events"
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_chunk_stream_is_whole_once_every_choice_finished_without_done(endpoint: str) -> None:
+    """transformers serve ends its streams at the finish chunk, which carries the usage, and never
+    sends [DONE] (docs/engines.md §8): whole. Cut before a choice finished: truncated."""
+    stream = OPENCODE_TEXT if endpoint == "chat" else COMPLETIONS
+    events = decode(stream)
+    assert events[-1].data == "[DONE]"
+    without_done = stream[: stream.rindex(b"data: [DONE]")]
+    whole = assemble(endpoint, without_done)
+    assert whole == Assembled(assemble(endpoint, stream).body, len(events) - 1, True, None)
+    finish = next(i for i, e in enumerate(events) if '"finish_reason":"' in e.data.replace(" ", ""))
+    cut = stream[: stream.index(events[finish].data.encode()) - len(b"data: ")]
+    truncated = assemble(endpoint, cut)
+    assert truncated.complete is False
+    assert truncated.error == f"stream ended before [DONE] after {finish} events"
+
+
+def test_two_choices_are_whole_only_when_both_finished() -> None:
+    first = sse_data({**chunk({}, "stop"), "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    second = sse_data(
+        {**chunk({}, None), "choices": [{"index": 1, "delta": {"content": "x"}, "finish_reason": None}]}
+    )
+    assert not assemble("chat", second, first).complete
+    done = sse_data({**chunk({}, None), "choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]})
+    assert assemble("chat", second, first, done).complete
 
 
 def test_truncated_mid_event() -> None:

@@ -99,8 +99,14 @@ def test_stream_events_follow_the_recorded_request_and_completeness() -> None:
     assert b'"choices": [], "usage"' in with_usage[-2]
     cut = stream_events({**ex, "stream_complete": False}, None)
     assert cut == events[:-1]
+    # A chunk stream is whole once every choice has its finish reason, [DONE] or not (transformers serve
+    # sends none: docs/engines.md §8); a stream recorded cut was cut before its finish, and reads so.
+    unfinished = {**CHAT, "choices": [{**CHAT["choices"][0], "finish_reason": None}]}
+    cut = stream_events({**ex, "response": unfinished, "stream_complete": False}, None)
     body, complete = assembled("chat", b"".join(cut), 5)
-    assert not complete and body is not None and body["choices"][0]["finish_reason"] == "tool_calls"
+    assert not complete and body is not None and body["choices"][0]["finish_reason"] is None
+    body, complete = assembled("chat", b"".join(events[:-1]), 5)
+    assert complete and body is not None and body["choices"][0]["finish_reason"] == "tool_calls"
     raw = b"data: {}\r\n\r\ndata: [DONE]\r\n\r\n"
     assert stream_events(ex, raw) == [b"data: {}\r\n\r\n", b"data: [DONE]\r\n\r\n"]
 
