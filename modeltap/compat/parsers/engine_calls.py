@@ -66,11 +66,6 @@ class Calls:
         self._slots: list[_Slot] = []
 
     @property
-    def seen_call(self) -> bool:
-        """Whether a call event has come (text after it waits on whether any call is named)."""
-        return self._seen_call
-
-    @property
     def any_named(self) -> bool:
         """Whether some call's name has been accepted (then text after the calls is dropped)."""
         return any(slot.named for slot in self._slots)

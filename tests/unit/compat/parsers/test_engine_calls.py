@@ -51,3 +51,16 @@ def test_text_after_calls_is_kept_only_when_no_call_was_named() -> None:
 def test_whitespace_alone_is_no_content_once_a_call_began() -> None:
     calls, _ = calls_of("  \n<function=></function>")
     assert calls.content(tools_called=False) is None
+
+
+def test_the_json_fallback_reads_parameters_or_the_other_keys() -> None:
+    unnamed = '<function=>{"\\u006eame": "f", %s}</function>'
+    assert calls_of(unnamed % '"parameters": {"a": 1}')[0].calls() == (ParsedCall("f", '{"a": 1}'),)
+    assert calls_of(unnamed % '"a": 1, "b": [2]')[0].calls() == (ParsedCall("f", '{"a": 1, "b": [2]}'),)
+    typed = (ToolSpec("f", {"properties": {"a": {"type": "string"}}}),)
+    # An arguments string that is no JSON object is left as it is, whatever the schema.
+    for raw in ('"arguments": "not json"', '"arguments": "[1]"'):
+        assert calls_of(unnamed % raw, typed)[0].calls() == (ParsedCall("f", raw.split(": ", 1)[1][1:-1]),)
+    # A body that is no JSON object names nothing.
+    assert calls_of("<function=>[1, 2]</function>")[0].calls() == ()
+    assert calls_of("<function=>{oops</function>")[0].calls() == ()

@@ -8,7 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from modeltap.compat.parsers.glm import glm_grammar
-from modeltap.compat.parsers.markup import Emitted, Event, Machine, State, split_reasoning
+from modeltap.compat.parsers.markup import (
+    Emitted,
+    Event,
+    Grammar,
+    Machine,
+    State,
+    Transition,
+    split_reasoning,
+)
 from modeltap.compat.parsers.qwen3_coder import qwen3_grammar
 
 QWEN3 = qwen3_grammar(True)
@@ -121,3 +129,34 @@ def test_the_reasoning_pass_keeps_or_strips_trailing_whitespace_by_grammar() -> 
     assert split_reasoning(glm.feed(text) + glm.finish(), glm_grammar(True)) == ("A", "\n")
     empty = Machine(QWEN3, state=State.REASONING, skip_tools=True)
     assert split_reasoning(empty.feed("") + empty.finish(), QWEN3) == (None, None)
+
+
+def test_a_literal_that_spans_the_start_of_another_wins_from_its_own_start() -> None:
+    # "a<t" is leftmost in "xa<think>": it is the terminal (dropped), and "hink>" is text.
+    machine = Machine(QWEN3, state=State.CONTENT, special_tokens=frozenset({"a<t"}))
+    assert machine.feed("xa<t") + machine.feed("hink>") + machine.finish() == [
+        (Event.TEXT, "x", -1),
+        (Event.TEXT, "hink", -1),
+        (Event.TEXT, ">", -1),
+    ]
+
+
+def toy_grammar(shared_closer: bool) -> Grammar:
+    """A grammar whose `<e>` closes a call and also something outside one (as Inkling's closer does in
+    vLLM): reasoning when `shared_closer`, else a content block whose closer is dropped."""
+    transitions = {
+        (State.CONTENT, "OPEN"): Transition(State.TOOL_ARGS, (Event.CALL_START,)),
+        (State.TOOL_ARGS, "END"): Transition(State.CONTENT, (Event.CALL_END,)),
+        (State.CONTENT, "END"): Transition(State.CONTENT),
+    }
+    if shared_closer:
+        transitions[(State.REASONING, "END")] = Transition(State.CONTENT, (Event.REASONING_END,))
+    return Grammar("toy", {"OPEN": "<o>", "END": "<e>"}, transitions, State.CONTENT, lambda raw: {})
+
+
+def test_a_shared_closer_is_no_reasoning_markup_and_ends_a_skipped_call_first() -> None:
+    assert toy_grammar(True).reasoning_markup == frozenset()
+    # The reasoning pass leaves the call as text: the first <e> ends it (text too), a second one is
+    # the content closer, applied (and dropped).
+    machine = Machine(toy_grammar(False), state=State.CONTENT, skip_tools=True)
+    assert merged(machine.feed("a<o>b<e>c<e>d") + machine.finish()) == [(Event.TEXT, "a<o>b<e>cd", -1)]

@@ -11,7 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modeltap.compat.parsers import ParsedCall, ReplyContext, ReplyStream, StreamStep, ToolSpec, reply_parser
+from modeltap.compat.parsers import (
+    ParsedCall,
+    ReplyContext,
+    ReplyParser,
+    ReplyStream,
+    StreamMismatchError,
+    StreamStep,
+    ToolSpec,
+    reply_parser,
+)
+from modeltap.compat.parsers.base import ToolStream
+from modeltap.compat.parsers.hermes import HermesToolParser
 
 TOOLS = (
     ToolSpec("get_weather", {"properties": {"city": {"type": "string"}}}),
@@ -136,4 +147,32 @@ def test_a_stream_finishes_once() -> None:
     with pytest.raises(RuntimeError, match="finished"):
         stream.feed("x")
     with pytest.raises(RuntimeError, match="finished"):
+        stream.finish()
+
+
+class _Lying(HermesToolParser):
+    """A tool stage whose stream sends what its parse will not say."""
+
+    def __init__(self, content: str, calls: tuple[ParsedCall, ...]) -> None:
+        self._sent = (content, calls)
+
+    def stream(self, context: ReplyContext, *, with_reasoning: bool) -> ToolStream:
+        sent = self._sent
+
+        class Stream(ToolStream):
+            def feed(self, text: str) -> tuple[str, tuple[ParsedCall, ...]]:
+                return sent
+
+        return Stream()
+
+
+@pytest.mark.parametrize(
+    ("content", "calls", "what"), [("never said", (), "content"), ("", (ParsedCall("f", "{}"),), "calls")]
+)
+def test_a_stream_that_strays_from_the_parse_is_a_defect_not_a_quiet_answer(
+    content: str, calls: tuple[ParsedCall, ...], what: str
+) -> None:
+    stream = ReplyStream(ReplyParser(_Lying(content, calls), None), ReplyContext(tools=TOOLS))
+    stream.feed("hello")
+    with pytest.raises(StreamMismatchError, match=f"streamed {what}"):
         stream.finish()

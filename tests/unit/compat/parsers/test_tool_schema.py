@@ -113,3 +113,9 @@ def test_a_non_finite_number_is_never_produced() -> None:
         typed = coerce(text, {"number", "array"})
         assert typed == text or not (isinstance(typed, float) and not math.isfinite(typed))
         json.dumps(typed, allow_nan=False)
+
+
+def test_an_array_without_an_item_schema_is_left_alone() -> None:
+    values: dict[str, Any] = {"tags": ["1"], "free": {"n": "1"}}
+    assert not coerce_object(values, {"tags": {"type": "array"}, "free": {"type": "object"}})
+    assert values == {"tags": ["1"], "free": {"n": "1"}}
