@@ -45,6 +45,18 @@ class ReplyParser:
         """Whether every configured stage runs on vLLM's parser engine (`Parser._engine_based`)."""
         return all(stage is None or stage.engine_based for stage in (self.tool_parser, self.reasoning_parser))
 
+    def skip_special_tokens(self, context: ReplyContext) -> bool:
+        """The `skip_special_tokens` vLLM's chat route detokenizes this request's generation with
+        (docs/parsers.md §6): false once its parsers adjust the request (a reasoning parser, or calls
+        kept) and one of them wants to see special tokens (an engine-based one always, hermes when it
+        parses calls); true otherwise, the default. A token-in request asks the same of the engine."""
+        if self.reasoning_parser is None and not context.calls_kept:
+            return True
+        wants = [self.reasoning_parser is not None and self.reasoning_parser.engine_based]
+        if self.tool_parser is not None:
+            wants.append(self.tool_parser.engine_based or context.calls_kept)
+        return not any(wants)
+
     def prompt_closes_reasoning(self, prompt: str) -> bool:
         """Whether the rendered `prompt` already closed reasoning (for `ReplyContext`)."""
         return self.reasoning_parser is not None and self.reasoning_parser.prompt_closes(prompt)

@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from modeltap.compat.parsers import ParsedCall, ParsedReply, ReplyContext, ToolSpec, reply_parser
 
@@ -33,6 +35,13 @@ def test_a_golden_case_parses_to_vllms_answer(golden: Any) -> None:
     assert reply == golden.expected
     assert reply.called_tools is golden.tools_called
     assert reply.finish_reason("stop") == golden.finish_reason
+
+
+@given(st.sampled_from(["hermes", "qwen3_coder", "glm45"]), st.text(st.characters(exclude_characters="<")))
+def test_a_text_with_no_markup_is_all_content(tool_parser: str, text: str) -> None:
+    for context in (ReplyContext(tools=(WEATHER,)), ReplyContext()):
+        reply = reply_parser(tool_parser, None).parse(text, context)
+        assert (reply.content or "", reply.reasoning, reply.tool_calls) == (text, None, ())
 
 
 def test_a_length_cut_keeps_its_finish_reason_even_with_calls() -> None:
@@ -97,3 +106,23 @@ def test_special_tokens_are_dropped_by_engine_parsers_only(tool_parser: str, con
     # The qwen3 reasoning stage runs on the engine: it drops them from reasoning and content alike.
     reply = reply_parser("hermes", "qwen3").parse("a<|endoftext|>b</think>c<|endoftext|>", context)
     assert reply == ParsedReply("c", "ab", ())
+
+
+@pytest.mark.parametrize(
+    ("tool_parser", "reasoning_parser", "context", "skips"),
+    [
+        ("hermes", None, ReplyContext(tools=(WEATHER,)), False),  # hermes parses calls: it needs <tool_call>
+        ("hermes", None, ReplyContext(), True),  # no tools: vLLM does not adjust the request at all
+        ("hermes", None, ReplyContext(tools=(WEATHER,), tool_choice="none"), True),
+        ("hermes", "deepseek_r1", ReplyContext(tools=(WEATHER,), tool_choice="none"), True),
+        ("qwen3_coder", None, ReplyContext(tools=(WEATHER,)), False),
+        ("qwen3_coder", None, ReplyContext(), True),
+        ("qwen3_coder", "deepseek_r1", ReplyContext(), False),  # the engine tool parser adjusts too
+        (None, "qwen3", ReplyContext(), False),
+        (None, "deepseek_r1", ReplyContext(), True),
+    ],
+)
+def test_which_special_tokens_the_engine_would_have_kept(
+    tool_parser: str | None, reasoning_parser: str | None, context: ReplyContext, skips: bool
+) -> None:
+    assert reply_parser(tool_parser, reasoning_parser).skip_special_tokens(context) is skips
