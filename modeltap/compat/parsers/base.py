@@ -3,8 +3,9 @@ is, and the two stages (reasoning, then tool calls) each family implements.
 
 Owns: `ToolSpec` (a tool as the parsers see it), `ReplyContext` (the request fields the engine's
 parsers read), `ParsedCall` / `ParsedReply` (the message modeltap answers with) and `StreamStep` (what
-a stream emits at one step), plus the abstract stages `ReasoningParser` and `ToolParser` and their
-incremental halves. Does not own: any format (hermes.py, qwen3_coder.py, glm.py, reasoning.py), how
+a stream emits at one step), the abstract stages `ReasoningParser` and `ToolParser` and their
+incremental halves, and `GrowingText`, the rules by which those halves emit a growing text. Does not
+own: any format (hermes.py, qwen3_coder.py, glm.py, reasoning.py), how
 the stages combine (reply.py) or stream (reply_stream.py), or the names (registry.py).
 
     reply = ParsedReply(content=None, reasoning="plan", tool_calls=(ParsedCall("f", '{"a": 1}'),))
@@ -58,7 +59,7 @@ class ReplyContext:
     """What the engine's parsers know of the request besides the generated text.
 
     - `tools`: the request's function tools. Without any, vLLM's default `tool_choice` is "none": no
-      call is returned (an XML family still removes its markup from the content).
+      call is returned (an engine-based XML family still removes its markup from the content).
     - `tool_choice`: "auto" (the default with tools) or "none". "required" and named choices rely
       on vLLM's guided decoding, which a token-in request does not apply, so they are not modelled.
     - `parallel_tool_calls`: False keeps the first call only, as vLLM does.

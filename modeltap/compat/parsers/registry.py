@@ -9,9 +9,9 @@ family a chat template writes (docs/parsers.md §2):
   JSON with a `"name"` → hermes; a template that takes no tools → none; one that takes tools in
   another form → an error naming `--tool-parser`;
 - reasoning: GLM's with `<think>` → glm45; a template with `<think>` and an `enable_thinking` switch
-  (Qwen3) → qwen3; one whose generation prompt opens `<think>` (QwQ, Qwen3 "Thinking-2507") →
-  deepseek_r1, what their model cards run vLLM with; no `<think>` → none; `<think>` otherwise (it may
-  only strip old reasoning) → an error naming `--reasoning-parser`.
+  (Qwen3) → qwen3; one whose generation prompt opens `<think>` → qwen3 when it also renders
+  `reasoning_content` (Qwen3 "Thinking-2507"), deepseek_r1 otherwise (QwQ); no `<think>` → none;
+  `<think>` otherwise (it may only strip old reasoning) → an error naming `--reasoning-parser`.
 Does not own the parsers themselves.
 
     choice = infer_parsers(chat_template)       # ParserChoice(tool_parser='hermes', reasoning_parser='qwen3')
@@ -125,7 +125,9 @@ def _reasoning_family(template: str) -> str | None:
     if "enable_thinking" in template:
         return "qwen3"
     if _OPENS_THINKING.search(template):
-        return "deepseek_r1"
+        # vLLM tests its qwen3 parser on Qwen3 Thinking-2507, whose template renders reasoning_content;
+        # QwQ's (no reasoning_content) is served with deepseek_r1 (docs/parsers.md §2).
+        return "qwen3" if "reasoning_content" in template else "deepseek_r1"
     raise UnknownParserError(
         f"the chat template mentions <think> but neither switches thinking on nor opens it in the "
         f"generation prompt; pass {REASONING_FLAG} ({', '.join(REASONING_PARSERS)}) or "

@@ -45,6 +45,7 @@ QWQ = (
     '{{- \'<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>\' }}'
     "{%- endif %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
 )
+THINKING_2507 = QWQ + "{%- if message.reasoning_content is string %}{%- endif %}"
 CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 
 
@@ -94,6 +95,7 @@ def test_qwen3s_own_template_is_hermes_with_qwen3_reasoning(qwen_dir: str) -> No
         (GLM45, ParserChoice("glm45", "glm45")),
         (GLM47, ParserChoice("glm47", None)),
         (QWQ, ParserChoice("hermes", "deepseek_r1")),
+        (THINKING_2507, ParserChoice("hermes", "qwen3")),
         (CHATML, ParserChoice(None, None)),
     ],
 )
