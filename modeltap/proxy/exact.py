@@ -126,9 +126,10 @@ class ExactMode:
         self.engine = engine
         self.parser = parser
         loaded = counter.tokenizer
-        # Left out of a reply's text, as the engines detokenize it (skip_special_tokens).
         self.special_tokens = loaded.special_tokens
-        self.skipped = frozenset(loaded.added_ids[t] for t in loaded.special_tokens if t in loaded.added_ids)
+        self.special_ids = frozenset(
+            loaded.added_ids[t] for t in loaded.special_tokens if t in loaded.added_ids
+        )
         self.context_length = context_length
         self.memory = TurnMemory()
         self.endpoint: TokenEndpoint = (
@@ -159,7 +160,7 @@ class ExactMode:
         (docs/parsers.md)."""
         tools = body.get("tools")
         kwargs = body.get("chat_template_kwargs")
-        tail = self.text(prompt[-PROMPT_TAIL_IDS:], keep_special=True)
+        tail = self.text(prompt[-PROMPT_TAIL_IDS:])
         return ReplyContext(
             tools=ToolSpec.from_chat(tools if isinstance(tools, list) else None),
             tool_choice="none" if body.get("tool_choice") == "none" else "auto",
@@ -169,12 +170,16 @@ class ExactMode:
             special_tokens=self.special_tokens,
         )
 
-    def text(self, ids: Sequence[int], *, keep_special: bool = False) -> str:
-        """The text of ids; a reply's without its special tokens (the stop id among them), as the
-        engines' text."""
+    def skipped(self, context: ReplyContext) -> frozenset[int]:
+        """The ids left out of a reply's text, as vLLM detokenizes it: the stop id that ended it, and
+        the special tokens unless the parsers want to see them (`skip_special_tokens`: docs/parsers.md)."""
+        stops = self.builder.turn_end.stop_ids
+        return stops | self.special_ids if self.parser.skip_special_tokens(context) else stops
+
+    def text(self, ids: Sequence[int], skipped: frozenset[int] = frozenset()) -> str:
+        """The text of ids, less the `skipped` ones."""
         token_bytes = self.counter.tokenizer.token_bytes
         assert token_bytes is not None  # the builder refuses a tokenizer without it
-        skipped = frozenset() if keep_special else self.skipped
         return b"".join(token_bytes(i) for i in ids if i not in skipped).decode("utf-8", "replace")
 
 
@@ -193,6 +198,7 @@ class ExactTranslation:
     ) -> None:
         self.mode = mode
         self.context = context
+        self.skipped = mode.skipped(context)
         self.session = session
         self.chat_body = chat_body
         self.built = built
@@ -265,7 +271,9 @@ class ExactTranslation:
         generated = sorted(self.endpoint.generated(answer, streamed=False), key=lambda g: g.index)
         if not generated:
             raise ValueError("the engine's answer holds no generated token ids")
-        parsed = [self.mode.parser.parse(self.mode.text(g.ids), self.context) for g in generated]
+        parsed = [
+            self.mode.parser.parse(self.mode.text(g.ids, self.skipped), self.context) for g in generated
+        ]
         self.settle(generated, parsed)
         return self.completion(generated, parsed)
 
@@ -456,7 +464,7 @@ class ExactStream:
         """New ids' text; a character split across ids waits for its last byte."""
         token_bytes = self._t.token_bytes
         assert token_bytes is not None
-        skipped = self._t.mode.skipped
+        skipped = self._t.skipped
         return choice.decoder.decode(b"".join(token_bytes(i) for i in ids if i not in skipped))
 
     def _say(self, index: int, choice: _Choice, step: StreamStep) -> None:
