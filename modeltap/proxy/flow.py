@@ -73,7 +73,8 @@ class Flow:
     def deliver_later(self) -> None:
         """The same, from a handler that is being cancelled: the proxy's task owner does it."""
         self.delivered = True
-        self.ctx.tasks.spawn(self.ctx.observers.exchange(self.draft.seal()), "record-disconnected")
+        # Handed over now, not when the task first runs: a stop that cancels the task must not lose it.
+        self.ctx.tasks.spawn(self.ctx.observers.hand_over(self.draft.seal()), "record-disconnected")
 
 
 def recorded_path(request: web.Request) -> str:
