@@ -40,6 +40,10 @@ DEFAULT_SESSION_TTL_S = 3600.0
 
 BudgetPolicy = Literal["clamp", "reject", "off"]
 BUDGET_POLICIES: tuple[BudgetPolicy, ...] = get_args(BudgetPolicy)
+# Where records are written: a writer process beside the serving one (docs/performance.md), or a
+# thread of the serving process (no process to start: an embedding that may not spawn one).
+RecordWriter = Literal["process", "thread"]
+RECORD_WRITERS: tuple[RecordWriter, ...] = get_args(RecordWriter)
 
 
 def option(default: Any, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
@@ -76,6 +80,9 @@ class ProxyConfig:
         False, "on a non-loopback listener, send --upstream-key for requests without a session token too"
     )
     sync: bool = option(False, "commit each record before its response ends")
+    record_writer: RecordWriter = option(
+        "process", "where records are written: process (a writer process beside serve; default) or thread"
+    )
     tokenizer: str | None = option(None, "local HF tokenizer folder (or cached name) of the served model")
     context_length: int | None = option(None, "the model's context length (default: ask the upstream)")
     engine_max_tokens: int | None = option(None, "AReaL's rollout.agent.engine_max_tokens, if set")
@@ -134,6 +141,9 @@ class ProxyConfig:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
         if self.engine not in ENGINE_CHOICES:
             raise ValueError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {self.engine!r}")
+        if self.record_writer not in RECORD_WRITERS:
+            choices = ", ".join(RECORD_WRITERS)
+            raise ValueError(f"record_writer must be one of {choices}, not {self.record_writer!r}")
         if self.budget not in BUDGET_POLICIES:
             raise ValueError(f"budget must be one of {', '.join(BUDGET_POLICIES)}, not {self.budget!r}")
         if self.upstream is not None:

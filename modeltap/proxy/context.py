@@ -25,14 +25,19 @@ from modeltap.proxy.sessions import SessionRegistry
 from modeltap.proxy.tasks import Tasks
 from modeltap.proxy.translate import ResponseChains
 from modeltap.proxy.upstream import Upstream
+from modeltap.records.channel import RecordChannel
 from modeltap.records.store import RecordStore
+from modeltap.records.writer_process import WriterProcess
 
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
-    from modeltap.proxy.token_recorder import TokenIdRecorder
+    from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder
+    from modeltap.proxy.tokens import TokenCounter
 
 # Connections kept per upstream: one per concurrent rollout, and AReaL runs hundreds at once.
 UPSTREAM_CONNECTIONS = 1024
+# What a writer process calls, with the tokenizer folder, to decode token ids around a break.
+FOLDER_DECODER = "modeltap.proxy.token_recorder:folder_decoder"
 
 
 @dataclass
@@ -41,9 +46,10 @@ class ProxyContext:
 
     config: ProxyConfig
     sessions: SessionRegistry
-    store: RecordStore
+    store: RecordStore | RecordChannel
     observers: Observers
     loopback_only: bool
+    writer: WriterProcess | None = None
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None
     budget_report: str = "off"
@@ -78,6 +84,37 @@ class ProxyContext:
                 base_url, self.config.layout, client, self.auto_first
             )
         return upstream
+
+    async def start_records(self) -> None:
+        """Start the writer process (when records are written by one) and the store's side of it."""
+        if isinstance(self.store, RecordStore):
+            self.store.start()
+            return
+        if self.writer is not None:
+            await self.writer.start()
+        try:
+            await self.store.start()
+        except BaseException:
+            if self.writer is not None:
+                await self.writer.stop()
+            raise
+
+    async def close_records(self) -> None:
+        """Flush every record, then stop the writer process."""
+        try:
+            await self.store.close()
+        finally:
+            if self.writer is not None:
+                await self.writer.stop()
+
+    def decode_ids_with(self, renderer: IdRenderer, counter: TokenCounter) -> None:
+        """Decode the ids around a token-history break with the served tokenizer: `renderer`'s, in this
+        process; the same tokenizer folder, loaded on its first break, in a writer process."""
+        if isinstance(self.store, RecordStore):
+            self.store.tokens.decoder = renderer.decode_each
+        else:  # the options the writer process starts with, and this process's fallback
+            self.store.options.decoder = FOLDER_DECODER
+            self.store.options.decoder_arg = str(counter.tokenizer.folder)
 
     async def close(self) -> None:
         await self.tasks.close()

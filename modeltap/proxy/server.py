@@ -30,8 +30,10 @@ from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
 from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder
+from modeltap.records.channel import RecordChannel
 from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
+from modeltap.records.writer_process import WriterOptions, WriterProcess
 
 if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
@@ -67,12 +69,7 @@ def build_app(
     the record store, then OTLP export (when asked for), then those `config.observers` names, then
     `extra_observers`."""
     exports = _otlp(config)
-    store = RecordStore(
-        config.store_path,
-        keep_raw_sse=config.keep_raw_sse,
-        sync=config.sync,
-        max_bytes=config.max_store_bytes,
-    )
+    store, writer = _records(config)
     seam = observers.Observers(
         [store, *exports, *(observers.load(spec) for spec in config.observers), *extra_observers]
     )
@@ -87,7 +84,9 @@ def build_app(
         session_changed,
         ttl_s=config.session_ttl_s,
     )
-    ctx = ProxyContext(config, sessions, store, seam, loopback_only=network.is_loopback(config.host))
+    ctx = ProxyContext(
+        config, sessions, store, seam, loopback_only=network.is_loopback(config.host), writer=writer
+    )
     if config.admin_key:
         ctx.admin_key = config.admin_key
     # Agents paste whole files into prompts: aiohttp's 1 MiB default would answer them 413.
@@ -102,6 +101,16 @@ def build_app(
     app.router.add_route("HEAD", _EVERY_PATH, _head)
     app.router.add_route("*", _EVERY_PATH, relay.handle)
     return app
+
+
+def _records(config: ProxyConfig) -> tuple[RecordStore | RecordChannel, WriterProcess | None]:
+    """The record store the observers see, and the writer process behind it when it has one."""
+    raw, most = config.keep_raw_sse, config.max_store_bytes
+    if config.record_writer == "thread":
+        return RecordStore(config.store_path, keep_raw_sse=raw, sync=config.sync, max_bytes=most), None
+    options = WriterOptions(str(config.store_path), keep_raw_sse=raw, max_bytes=most)
+    writer = WriterProcess(options)
+    return RecordChannel(writer.address, writer.options, sync=config.sync), writer
 
 
 def _otlp(config: ProxyConfig) -> list[OtlpExport]:
@@ -125,13 +134,13 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     counter = await _counter(ctx.config)
     ctx.budget, ctx.budget_report = await _budget(ctx, counter)
     ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
-    ctx.store.start()
+    await ctx.start_records()
     ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
         yield
     finally:
         await ctx.close()
-        await ctx.store.close()
+        await ctx.close_records()
 
 
 async def _counter(config: ProxyConfig) -> TokenCounter | None:
@@ -196,8 +205,8 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
         return None, "off (no --token-ids)"
     renderer = await asyncio.to_thread(IdRenderer, counter) if counter is not None else None
     recorder = TokenIdRecorder(config, renderer)
-    if renderer is not None:
-        ctx.store.tokens.decoder = renderer.decode_each
+    if renderer is not None and counter is not None:
+        ctx.decode_ids_with(renderer, counter)
     rendered = f"rendered with {config.tokenizer}" if renderer is not None else None
     if config.upstream is None:
         return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"

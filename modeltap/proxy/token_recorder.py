@@ -20,10 +20,11 @@ than re-serialise every chunk; they are harmless to the openai SDK, opencode and
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from modeltap.compat.engines import PROBE_PATHS, EngineInfo, TokenAsk, chosen, identify, token_ask
@@ -81,7 +82,19 @@ class IdRenderer:
     def decode_each(self, ids: list[int]) -> list[str]:
         """Each id's text on its own (special tokens included), for showing where two id sequences
         part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
-        return [self._tokenizer.decode([token], skip_special_tokens=False) for token in ids]
+        return _decode_each(self._tokenizer, ids)
+
+
+def folder_decoder(folder: str) -> Callable[[list[int]], list[str]]:
+    """`IdRenderer.decode_each` for the tokenizer in `folder`, built where there is no counter: in the
+    record writer process, on the first break it describes (records/writer_process.py)."""
+    from modeltap.proxy.tokenizer_files import TokenizerFiles
+
+    return functools.partial(_decode_each, TokenizerFiles.load(folder).tokenizer)
+
+
+def _decode_each(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    return [tokenizer.decode([token], skip_special_tokens=False) for token in ids]
 
 
 class TokenIdRecorder:
