@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from modeltap.proxy.budget import Budget
     from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder
     from modeltap.proxy.tokens import TokenCounter
+    from modeltap.proxy.workers import LocalSharing, ReplicaSharing, WorkerSetup
 
 # Connections kept per upstream: one per concurrent rollout, and AReaL runs hundreds at once.
 UPSTREAM_CONNECTIONS = 1024
@@ -50,6 +51,8 @@ class ProxyContext:
     observers: Observers
     loopback_only: bool
     writer: WriterProcess | None = None
+    sharing: LocalSharing | ReplicaSharing | None = None
+    setup: WorkerSetup | None = None
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None
     budget_report: str = "off"

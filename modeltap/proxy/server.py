@@ -30,6 +30,7 @@ from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
 from modeltap.proxy.token_recorder import IdRenderer, TokenIdRecorder
+from modeltap.proxy.workers import LocalSharing, ReplicaSharing, WorkerSetup
 from modeltap.records.channel import RecordChannel
 from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
@@ -62,14 +63,21 @@ _EVERY_PATH = r"/{tail:[\s\S]*}"
 
 
 def build_app(
-    config: ProxyConfig, base_urls: BaseUrls | None = None, extra_observers: Sequence[object] = ()
+    config: ProxyConfig,
+    base_urls: BaseUrls | None = None,
+    extra_observers: Sequence[object] = (),
+    writer_observers: Sequence[str] = (),
+    setup: WorkerSetup | None = None,
 ) -> web.Application:
     """The proxy as an aiohttp Application. `base_urls` returns (host URL, container URL or None) for
     session URLs; by default they are derived from the configured host and port. The observers are
     the record store, then OTLP export (when asked for), then those `config.observers` names, then
-    `extra_observers`."""
+    `extra_observers`; `writer_observers` (factories `MODULE:ATTR`) see each exchange in the record
+    writer process once it is written (records/writer_process.py). With `setup`, the app is one of
+    `serve --workers N` other than the first (workers.py): its records go to the first one's writer
+    and its sessions are the first one's."""
     exports = _otlp(config)
-    store, writer = _records(config)
+    store, writer = _records(config, writer_observers, setup)
     seam = observers.Observers(
         [store, *exports, *(observers.load(spec) for spec in config.observers), *extra_observers]
     )
@@ -79,15 +87,25 @@ def build_app(
             SessionEvent("closed" if closed else "opened", session.id, dict(session.labels), session.upstream)
         )
 
-    sessions = SessionRegistry(
-        base_urls or (lambda: _base_urls(config.host, config.port)),
-        session_changed,
-        ttl_s=config.session_ttl_s,
-    )
+    urls = base_urls or (lambda: _base_urls(config.host, config.port))
+    if setup is None:
+        sessions = SessionRegistry(urls, session_changed, ttl_s=config.session_ttl_s)
+    else:  # a copy of the first worker's, which records the sessions and expires them
+        sessions = SessionRegistry(urls)
+    sharing = LocalSharing(sessions) if setup is None else ReplicaSharing(sessions)
     ctx = ProxyContext(
-        config, sessions, store, seam, loopback_only=network.is_loopback(config.host), writer=writer
+        config,
+        sessions,
+        store,
+        seam,
+        loopback_only=network.is_loopback(config.host),
+        writer=writer,
+        sharing=sharing,
+        setup=setup,
     )
-    if config.admin_key:
+    if setup is not None:
+        ctx.admin_key = setup.admin_key
+    elif config.admin_key:
         ctx.admin_key = config.admin_key
     # Agents paste whole files into prompts: aiohttp's 1 MiB default would answer them 413.
     app = web.Application(client_max_size=config.max_body_bytes)
@@ -103,12 +121,23 @@ def build_app(
     return app
 
 
-def _records(config: ProxyConfig) -> tuple[RecordStore | RecordChannel, WriterProcess | None]:
-    """The record store the observers see, and the writer process behind it when it has one."""
+def _records(
+    config: ProxyConfig, writer_observers: Sequence[str], setup: WorkerSetup | None
+) -> tuple[RecordStore | RecordChannel, WriterProcess | None]:
+    """The record store the observers see, and the writer process behind it when this process owns it."""
     raw, most = config.keep_raw_sse, config.max_store_bytes
+    if setup is not None:
+        options = WriterOptions(
+            str(config.store_path), keep_raw_sse=raw, max_bytes=most, address=setup.writer_address
+        )
+        return RecordChannel(setup.writer_address, options, sync=config.sync), None
     if config.record_writer == "thread":
+        if writer_observers:
+            raise ValueError("observers of the record writer process need --record-writer process")
         return RecordStore(config.store_path, keep_raw_sse=raw, sync=config.sync, max_bytes=most), None
-    options = WriterOptions(str(config.store_path), keep_raw_sse=raw, max_bytes=most)
+    options = WriterOptions(
+        str(config.store_path), keep_raw_sse=raw, max_bytes=most, observers=list(writer_observers)
+    )
     writer = WriterProcess(options)
     return RecordChannel(writer.address, writer.options, sync=config.sync), writer
 
@@ -135,7 +164,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx.budget, ctx.budget_report = await _budget(ctx, counter)
     ctx.token_ids, ctx.token_ids_report = await _token_ids(ctx, counter)
     await ctx.start_records()
-    ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
+    if ctx.setup is None:  # the first worker expires sessions for all
+        ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
         yield
     finally:
@@ -239,6 +269,7 @@ async def _health(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": "ok",
+            "worker": ctx.setup.index if ctx.setup is not None else 0,
             "records_written": ctx.store.written,
             "record_failures": ctx.store.failures,
             "observer_failures": ctx.observers.failures,
@@ -276,11 +307,22 @@ class Proxy:
     A second start raises; a second stop does nothing; a start that fails halfway unwinds.
     """
 
-    def __init__(self, config: ProxyConfig, observers: Sequence[object] = ()) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        observers: Sequence[object] = (),
+        writer_observers: Sequence[str] = (),
+        setup: WorkerSetup | None = None,
+    ) -> None:
         """`observers` see every exchange after the record store and any `config.observers`
-        (modeltap.proxy.observers says what an observer is)."""
+        (modeltap.proxy.observers says what an observer is); `writer_observers` name factories
+        `MODULE:ATTR` of observers that see each exchange in the record writer process, once it is
+        written (serve's line per exchange); `setup` makes it one of `serve --workers N` other than
+        the first (workers.py)."""
         self.config = config
+        self._setup = setup
         self._observers = tuple(observers)
+        self._writer_observers = tuple(writer_observers)
         self.port: int | None = None
         self._state = _State.NEW
         self._stack = contextlib.AsyncExitStack()
@@ -292,7 +334,9 @@ class Proxy:
             raise RuntimeError(f"a Proxy starts once (it is {self._state.value})")
         self._state = _State.RUNNING
         async with contextlib.AsyncExitStack() as stack:
-            self._app = build_app(self.config, self._base_urls, self._observers)
+            self._app = build_app(
+                self.config, self._base_urls, self._observers, self._writer_observers, self._setup
+            )
             runner = listener.runner_for(
                 self._app,
                 keepalive_timeout_s=self.config.client_timeout_s,
@@ -300,8 +344,15 @@ class Proxy:
             )
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
+            # Several workers listen on one port, the kernel spreading connections among them.
+            shared = self.config.workers > 1 or self._setup is not None
             site = web.TCPSite(
-                runner, self.config.host, self.config.port, reuse_address=True, backlog=LISTEN_BACKLOG
+                runner,
+                self.config.host,
+                self.config.port,
+                reuse_address=True,
+                reuse_port=shared or None,
+                backlog=LISTEN_BACKLOG,
             )
             await site.start()
             self.port = runner.addresses[0][1]
@@ -377,6 +428,11 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
             "through chat: " + ", ".join(f"/v1/{route}" for route in translated)
             if translated
             else "none" + (" until an endpoint answers 404 at every path" if config.layout == "auto" else "")
+        ),
+        *(
+            [f"  workers   {config.workers} processes serve port {proxy.port}; one record writer beside them"]
+            if config.workers > 1
+            else []
         ),
         f"  records   {config.store_path.resolve()}",
         f"            follow them: modeltap tail --store {config.store_path.resolve()}",

@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,11 @@ class WriterOptions:
     """What the writer process needs: the store and how to write it, and where to listen.
     `decoder` names a factory `MODULE:ATTR` called with `decoder_arg` on the first token-history break,
     which gives the function that turns ids into text for the record (the serving side names it: the
-    tokenizer is the proxy's business, not the records'). One object is shared by the WriterProcess
-    and its RecordChannel, so what is set on it before the start reaches both."""
+    tokenizer is the proxy's business, not the records'). `observers` name factories `MODULE:ATTR`,
+    called without arguments in the writer process, whose `on_exchange` gets each exchange once it is
+    written (serve's line per exchange: nothing of it is left in the serving process) and whose
+    `close`, if any, is called as the writer stops. One object is shared by the WriterProcess and its
+    RecordChannel, so what is set on it before the start reaches both."""
 
     path: str
     keep_raw_sse: bool = False
@@ -96,6 +99,7 @@ class WriterOptions:
     decoder: str | None = None
     decoder_arg: str | None = None
     address: str = ""
+    observers: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -278,8 +282,11 @@ class _Connection:
 class _Writer:
     """The writer process's loop: accept, read, write in batches, acknowledge, and drain at the end."""
 
-    def __init__(self, writer: SqlWriter, listener: socket.socket, lifeline: int) -> None:
+    def __init__(
+        self, writer: SqlWriter, listener: socket.socket, lifeline: int, observers: list[Any]
+    ) -> None:
         self._writer = writer
+        self._observers = observers
         self._listener = listener
         self._lifeline = lifeline
         self._selector = selectors.DefaultSelector()
@@ -390,6 +397,7 @@ class _Writer:
                 continue
             to_write.append(item)
         errors = iter(self._writer.write(to_write) if to_write else [])
+        self._observe(to_write)
         for connection, frame, item in items:
             if item is None:
                 connection.settle(frame, None, written=False)
@@ -401,6 +409,20 @@ class _Writer:
                 error = next(errors)
                 connection.settle(frame, error, written=error is None and isinstance(item, Exchange))
 
+    def _observe(self, items: list[Exchange | SessionEvent]) -> None:
+        for observer in self._observers:
+            for item in items:
+                if isinstance(item, Exchange):
+                    try:
+                        observer.on_exchange(item)
+                    except Exception:  # boundary: an observer's bug must not stop the writer
+                        log.exception("record writer: observer %s failed on exchange %s", observer, item.id)
+
+
+def _load(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
 
 def writer_decoder(options: WriterOptions) -> Callable[[list[int]], list[str]] | None:
     """The ids' decoder the options name, built on its first use (only a token-history break needs it,
@@ -411,8 +433,7 @@ def writer_decoder(options: WriterOptions) -> Callable[[list[int]], list[str]] |
 
     def decode(ids: list[int]) -> list[str]:
         if not built:
-            module_name, _, attr = (options.decoder or "").partition(":")
-            built.append(getattr(importlib.import_module(module_name), attr)(options.decoder_arg))
+            built.append(_load(options.decoder or "")(options.decoder_arg))
         return built[0](ids)
 
     return decode
@@ -433,20 +454,24 @@ def main(argv: Iterable[str] | None = None) -> int:
     writer = SqlWriter(options.path, keep_raw_sse=options.keep_raw_sse, max_bytes=options.max_bytes)
     writer.tokens.decoder = writer_decoder(options)
     try:
+        observers = [_load(spec)() for spec in options.observers]
         writer.open()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(options.address)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(options.address)
         listener.listen(LISTEN_BACKLOG)
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, ImportError, AttributeError) as exc:
         print(exc, flush=True)
         return 1
     print(_READY, flush=True)
     try:
-        _Writer(writer, listener, sys.stdin.fileno()).run()
+        _Writer(writer, listener, sys.stdin.fileno(), observers).run()
     finally:
         writer.close()
+        for observer in observers:
+            if callable(getattr(observer, "close", None)):
+                observer.close()
     return 0
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy, startup_report
-from modeltap.records.exchange import Exchange, SessionEvent
 from modeltap.records.channel import RecordChannel
+from modeltap.records.exchange import Exchange, SessionEvent
 
 
 class Seen:
@@ -69,6 +69,7 @@ async def test_health_and_head(store_path: Path) -> None:
         async with http.get(proxy.host_base_url + "/_modeltap/health") as reply:
             assert await reply.json() == {
                 "status": "ok",
+                "worker": 0,
                 "records_written": 0,
                 "record_failures": 0,
                 "observer_failures": 0,

@@ -60,7 +60,8 @@ def test_frames_split_at_every_byte_are_read_the_same() -> None:
 
 def test_a_minimal_frame_carries_what_a_minimal_record_needs_and_why() -> None:
     sent = _full_exchange()
-    [frame] = frames.FrameReader().feed(frames.encode_minimal(9, sent, "the writer died on it", frames.REPLAY))
+    data = frames.encode_minimal(9, sent, "the writer died on it", frames.REPLAY)
+    [frame] = frames.FrameReader().feed(data)
     got = frame.item()
     assert frame.flags == frames.MINIMAL | frames.REPLAY and frame.reason() == "the writer died on it"
     assert (got.id, got.session_id, got.status, got.started, got.error_class) == (
