@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bodies import short_turn
-from benchmarks.configs import ModeltapRecording
+from benchmarks.configs import ModeltapAsyncio, ModeltapRecording, ModeltapThreadWriter
 from benchmarks.harness import RESULTS, Running, interleaved, run_configs, select
 from benchmarks.load import Run, first_answer
 from benchmarks.report import fmt, preamble, save, table
@@ -83,7 +83,8 @@ async def run_all(only: str | None, quick: bool) -> dict[str, Any]:
     """The whole overhead run, with the goals judged on it."""
     results = await run_configs(
         __spec__.name,
-        select(only, also=[ModeltapRecording()]),
+        # Named with --only: what uvloop and the writer process each change, side by side.
+        select(only, also=[ModeltapRecording()], optional=[ModeltapAsyncio(), ModeltapThreadWriter()]),
         quick,
         short_turn()(0),
         functools.partial(measure, quick=quick),

@@ -168,6 +168,20 @@ class ModeltapRecording(Modeltap):
         return argv[:at] + argv[at + 4 :]  # less --tokenizer DIR --context-length N
 
 
+class ModeltapAsyncio(Modeltap):
+    name, description = "modeltap-asyncio", "the same on asyncio's own event loop (--event-loop asyncio)"
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        return [*super().argv(upstream, port, workdir), "--event-loop", "asyncio"]
+
+
+class ModeltapThreadWriter(Modeltap):
+    name, description = "modeltap-thread", "the same, its record writer a thread (--record-writer thread)"
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        return [*super().argv(upstream, port, workdir), "--record-writer", "thread"]
+
+
 class ModeltapTokenIds(Modeltap):
     name, description = "modeltap-ids", "the same, with --token-ids --engine vllm (asks for and records ids)"
 

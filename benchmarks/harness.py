@@ -39,14 +39,16 @@ class Running:
 Measure = Callable[[list[Running]], Awaitable[None]]
 
 
-def select(only: str | None, also: Sequence[Configuration] = ()) -> list[Configuration]:
+def select(
+    only: str | None, also: Sequence[Configuration] = (), optional: Sequence[Configuration] = ()
+) -> list[Configuration]:
     """The configurations named in ``only`` (comma-separated), or all of them; ``also`` adds the
-    benchmark's own (placed after modeltap)."""
+    benchmark's own (placed after modeltap), ``optional`` more that run only when named."""
     configs = all_configurations()
     at = next((i + 1 for i, c in enumerate(configs) if c.name == "modeltap"), len(configs))
-    configs[at:at] = also
+    configs[at:at] = [*also, *optional]
     if only is None:
-        return configs
+        return [c for c in configs if c not in optional]
     names = only.split(",")
     unknown = set(names) - {c.name for c in configs}
     if unknown:
