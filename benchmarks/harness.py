@@ -103,6 +103,7 @@ async def run_configs(
             await measure(running)
             for r in running:
                 r.row["peak_rss_mb"] = peak_rss_mb(r.started)
+                r.row["serving_peak_rss_mb"] = serving_peak_rss_mb(r.started)
                 r.row["status"] = "ok"
         for r in running:  # stopped now, so every record is flushed
             r.row["recorded"] = r.config.recorded(workdir / r.config.name)
@@ -195,6 +196,12 @@ async def with_proxy_cpu(running: Started, load: Awaitable[Run]) -> Run:
 def peak_rss_mb(running: Started) -> float | None:
     """The proxy's peak RSS so far in MiB (None for direct, which has no proxy)."""
     return None if running.service is None else round(running.service.peak_rss_bytes() / 2**20, 1)
+
+
+def serving_peak_rss_mb(running: Started) -> float | None:
+    """The peak RSS in MiB of the process that serves (the command itself, without the processes it
+    started: modeltap's record writer, LiteLLM's workers)."""
+    return None if running.service is None else round(running.service.own_peak_rss_bytes() / 2**20, 1)
 
 
 def log(message: str) -> None:

@@ -329,7 +329,7 @@ class RecordChannel:
         loop = self._loop
         assert loop is not None
         transport, protocol = await loop.create_unix_connection(lambda: _Protocol(self, loop), self.address)
-        assert isinstance(transport, asyncio.Transport)
+        # asyncio's or uvloop's stream transport (uvloop's is no asyncio.Transport subclass: no isinstance).
         self._transport = transport
         # Everything not acknowledged goes again, marked so the writer skips what it had committed,
         # and writes each alone; a record the writer died on while writing it alone, as its minimal one.
