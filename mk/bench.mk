@@ -1,7 +1,7 @@
 # `make bench`: modeltap side by side with its peers on loopback (benchmarks/README.md).
 # Each tool lives in its own venv, created once and refreshed only when its requirements file changes:
 #   .venv-bench            the harness, stand-in upstream, load generator, matplotlib, py-spy, and modeltap itself
-#                          (with its [otlp] extra, for bench-otlp)
+#                          (with its [otlp] extra, for bench-otlp, and [fast]: uvloop)
 #   .venv-bench-mitmproxy  mitmproxy 11.0.2 (the last release for Python 3.11)
 #   .venv-bench-litellm    litellm[proxy] 1.108.7, hash-locked (releases 1.82.7/1.82.8 were malicious)
 #   .venv-bench-agl        agentlightning 1.0.2 (needs Python >= 3.12); optional: the bench says when it is absent
@@ -62,7 +62,7 @@ bench-venvs: .venv-bench/.installed $(BENCH_PEERS:%=.venv-bench-%/.installed)
 
 .venv-bench/.installed: requirements/bench.txt pyproject.toml
 	test -x .venv-bench/bin/python || $(BENCH_PYTHON) -m venv .venv-bench
-	.venv-bench/bin/pip install --quiet -r requirements/bench.txt -e '.[budget,otlp]'
+	.venv-bench/bin/pip install --quiet -r requirements/bench.txt -e '.[budget,fast,otlp]'
 	touch $@
 
 # The peers install from full hash locks with --no-deps, so pip takes exactly the files recorded there.
