@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks.bodies import short_turn
 from benchmarks.configs import (
     ModeltapAsyncio,
+    ModeltapBaseline,
     ModeltapCountingProcess,
     ModeltapRecording,
     ModeltapThreadWriter,
@@ -100,6 +101,7 @@ async def run_all(only: str | None, quick: bool) -> dict[str, Any]:
                 ModeltapThreadWriter(),
                 ModeltapCountingProcess(),
                 ModeltapWorkers(),
+                ModeltapBaseline(),
             ],
         ),
         quick,

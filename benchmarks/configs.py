@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import itertools
 import json
+import os
 import secrets
 import sqlite3
 import subprocess
@@ -180,6 +181,37 @@ class ModeltapThreadWriter(Modeltap):
 
     def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
         return [*super().argv(upstream, port, workdir), "--record-writer", "thread"]
+
+
+class ModeltapBaseline(Modeltap):
+    """An earlier modeltap beside this one, in the same run: the source tree that
+    MODELTAP_BENCH_BASELINE names (`git archive COMMIT | tar -x -C DIR`), run by this venv's Python
+    with that tree first on its path. Under load that comes and goes, a before and after measured
+    side by side compare where two runs would not."""
+
+    name, description = (
+        "modeltap-baseline",
+        "an earlier modeltap (MODELTAP_BENCH_BASELINE), recording and budget on",
+    )
+
+    @property
+    def tree(self) -> Path | None:
+        value = os.environ.get("MODELTAP_BENCH_BASELINE")
+        return Path(value) if value else None
+
+    def missing(self) -> str | None:
+        if self.tree is None or not (self.tree / "modeltap" / "__init__.py").exists():
+            return "MODELTAP_BENCH_BASELINE names no modeltap source tree"
+        return super().missing()
+
+    def version(self) -> str:
+        return f"{importlib.metadata.version('modeltap')} from {self.tree}"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        assert self.tree is not None
+        return start(
+            self.name, self.argv(upstream, port, workdir), workdir, env={"PYTHONPATH": str(self.tree)}
+        )
 
 
 class ModeltapWorkers(Modeltap):
