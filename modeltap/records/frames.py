@@ -26,13 +26,14 @@ or its failure logged and its minimal record written).
 from __future__ import annotations
 
 import dataclasses
+import json
 import operator
 import pickle
 import struct
 from dataclasses import dataclass
 from typing import Any
 
-from modeltap.records.exchange import Exchange, SessionEvent
+from modeltap.records.exchange import Exchange, ExchangeDraft, SessionEvent
 
 # Kinds of frame.
 EXCHANGE = 1
@@ -90,10 +91,16 @@ class Frame:
             if not isinstance(value, SessionEvent):
                 raise FrameError("a session frame holds no session event")
             return value
-        if self.flags & MINIMAL:
-            fields, _ = value
+        fields = value[0] if self.flags & MINIMAL else dict(zip(_FIELDS, value, strict=True))
+        if not self.flags & MINIMAL:
+            # Parsed once here for everything the writer process does with the exchange (the record,
+            # the token ids, serve's line), as the relay's parse was before they left its process.
+            fields["request_json"] = _object(fields["request"])
+            if fields["response"] is None:
+                fields["response"] = _object(fields["response_body"])
+        if fields["ended"] is None:  # never from the relay, which seals with the end time
             return Exchange(**fields)
-        return Exchange(**dict(zip(_FIELDS, value, strict=True)))
+        return ExchangeDraft(**fields).seal()  # a draft takes its fields without the sealed checks
 
     def reason(self) -> str:
         """Why a MINIMAL frame carries only the minimal record."""
@@ -109,6 +116,17 @@ class Ack:
     through: int
     written: int
     failed: tuple[tuple[int, str], ...] = ()
+
+
+def _object(body: bytes | None) -> dict[str, Any] | None:
+    """A JSON object body, parsed; None for anything else (the store keeps that as text)."""
+    if not body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def encode(seq: int, item: Exchange | SessionEvent, flags: int = 0) -> bytes:

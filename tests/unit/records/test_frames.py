@@ -15,7 +15,9 @@ from tests.factories import assistant, chat_completion, exchange, usage
 def _full_exchange() -> Exchange:
     body = {"model": "m", "messages": [{"role": "user", "content": "héllo \udcff"}], "stream": True}
     return dataclasses.replace(
-        exchange(body, chat_completion(assistant("hi"), "stop", usage=usage(3, 1)), session_id="s-1"),
+        exchange(
+            body, chat_completion(assistant("hi"), "stop", usage=usage(3, 1)), session_id="s-1", ended=2.0
+        ),
         labels={"task_id": "t"},
         response_body=b"\x00\xffbytes as they came",
         raw_sse=b"data: {}\n\n",
@@ -33,8 +35,8 @@ def test_an_exchange_crosses_whole_and_the_request_is_parsed_again_on_the_other_
     [frame] = frames.FrameReader().feed(frames.encode(41, sent, frames.WAIT))
     got = frame.item()
     assert (frame.kind, frame.flags, frame.seq) == (frames.EXCHANGE, frames.WAIT, 41)
-    assert got == dataclasses.replace(sent, request_json=None)  # the bytes go; the parse is redone there
-    assert got.request == sent.request and got.token_ids == sent.token_ids
+    assert got == sent  # the request's bytes go, and are parsed again there
+    assert got.request == sent.request and got.request_json == sent.request_json
 
 
 def test_frames_split_at_every_byte_are_read_the_same() -> None:
