@@ -36,7 +36,6 @@ from benchmarks.report import table
 
 # 250 Hz resolves a sub-millisecond request path over a few thousand requests at little cost to it.
 SAMPLE_RATE_HZ = 250
-PY_SPY_FLAGS = ["--native", "--threads"]
 TOP_FUNCTIONS = 25
 # py-spy writes its file on SIGINT; give it this long to do so.
 PROFILER_STOP_TIMEOUT_S = 30.0
@@ -48,10 +47,13 @@ PY_SPY_ATTACH_S = 1.0
 # "function (path/to/file.py:123)", as py-spy's raw format writes a frame.
 FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
 # An innermost line that makes one of these calls is a thread waiting, not working.
-IDLE_CALL = re.compile(r"(queue\.get|_queue\.get|\.poll|\.select|\.wait|\.acquire|time\.sleep)\(")
-# Threads by a function on their stack: modeltap's record writer, and the executor that counts tokens.
+IDLE_CALL = re.compile(r"(queue\.get|_queue\.get|\.poll|\.select|\.wait|\.acquire|time\.sleep|waitpid)\(")
+# Threads by a function on their stack: modeltap's record writer (a process of its own, or a thread of
+# serve's with --record-writer thread), the console line's thread, and the executor that counts tokens.
 THREAD_ROLES = [
+    ("modeltap/records/writer_process.py:main", "record writer process"),
     ("modeltap/records/store.py:RecordStore._run", "record writer thread"),
+    ("modeltap/readers/console.py:ConsoleLog._write_lines", "console line thread"),
     ("concurrent/futures/thread.py:_worker", "executor threads (token counting)"),
 ]
 
@@ -102,11 +104,14 @@ def _parse(frame: str) -> tuple[str, bool]:
     return f"{match['path']}:{match['function']}", bool(IDLE_CALL.search(_source_line(match["path"], line)))
 
 
+LOOP_ROLE = "event loop thread"
+
+
 def _thread_role(names: list[str]) -> str:
     for marker, role in THREAD_ROLES:
         if any(name.startswith(marker) for name in names):
             return role
-    return "event loop thread"
+    return LOOP_ROLE
 
 
 @dataclass
@@ -118,6 +123,8 @@ class Profile:
     own: collections.Counter[str] = field(default_factory=collections.Counter)
     total: collections.Counter[str] = field(default_factory=collections.Counter)
     roles: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Own time on the serving event loop alone: what the relay's process does per exchange.
+    loop_own: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 def rank(raw_lines: Iterable[str]) -> Profile:
@@ -138,7 +145,10 @@ def rank(raw_lines: Iterable[str]) -> Profile:
         names = [name for name, _ in frames]
         profile.busy += count
         profile.own[names[-1]] += count
-        profile.roles[_thread_role(names)] += count
+        role = _thread_role(names)
+        profile.roles[role] += count
+        if role == LOOP_ROLE:
+            profile.loop_own[names[-1]] += count
         for name in set(names):
             profile.total[name] += count
     return profile
@@ -164,6 +174,8 @@ def render_profile(key: str, profile: Profile, run: Run, cpu_s: float, wall_s: f
     ]
     out += [*_share_table("thread", profile.roles.most_common(), busy), "", "By own time:", ""]
     out += _share_table("function", profile.own.most_common(TOP_FUNCTIONS), busy)
+    out += ["", "The serving event loop alone, by own time (shares of all busy samples):", ""]
+    out += _share_table("function", profile.loop_own.most_common(TOP_FUNCTIONS), busy)
     ours = [(name, n) for name, n in profile.total.most_common() if name.startswith("modeltap/")]
     out += ["", "modeltap's functions by total time (callees included):", ""]
     return [*out, *_share_table("function", ours[:TOP_FUNCTIONS], busy), ""]
@@ -185,16 +197,29 @@ async def _record(
         # Start-up work (the first requests' token count checks, caches filling) is not what a long
         # run pays per request: it happens before py-spy attaches.
         await run_load(target, body, SETTLE_REQUESTS, 1, scenario.stream, TIME_CAP_S, warmup=0)
-        raw = workdir / "py-spy.txt"
-        spy_argv = [
-            str(BENCH_BIN / "py-spy"),
-            "record",
-            "--pid",
-            str(service.pid),
-            "--rate",
-            str(SAMPLE_RATE_HZ),
+        # One py-spy per process: serve, and its record writer (a child process). py-spy's own
+        # --subprocesses sampled serve's event loop only now and then here (a few dozen samples of a
+        # busy second), so each process gets a recorder of its own.
+        raws = [workdir / f"py-spy-{pid}.txt" for pid in service.tree()]
+        spies = [
+            start(
+                f"py-spy-{raw.stem}",
+                [
+                    str(BENCH_BIN / "py-spy"),
+                    "record",
+                    "--pid",
+                    raw.stem.removeprefix("py-spy-"),
+                    "--rate",
+                    str(SAMPLE_RATE_HZ),
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(raw),
+                ],
+                workdir,
+            )
+            for raw in raws
         ]
-        spy = start("py-spy", [*spy_argv, "--format", "raw", "--output", str(raw)], workdir)
         await asyncio.sleep(PY_SPY_ATTACH_S)
         requests = scenario.requests // QUICK_DIVISOR if quick else scenario.requests
         log(f"  profiling {scenario.key}: {requests} requests")
@@ -203,13 +228,16 @@ async def _record(
             target, body, requests, scenario.concurrency, scenario.stream, TIME_CAP_S, warmup=0
         )
         cpu_s, wall_s = service.cpu_seconds() - cpu_before, time.monotonic() - began
-        spy.stop(signal.SIGINT)
+        for spy in spies:
+            spy.stop(signal.SIGINT)
     finally:
         service.stop()
-    return "\n".join(render_profile(scenario.key, rank(raw.read_text().splitlines()), run, cpu_s, wall_s))
+    (workdir / "py-spy.txt").write_text("".join(raw.read_text() for raw in raws if raw.exists()))
+    lines = (workdir / "py-spy.txt").read_text().splitlines()
+    return "\n".join(render_profile(scenario.key, rank(lines), run, cpu_s, wall_s))
 
 
-async def profile(quick: bool, keep_raw: Path | None) -> str:
+async def profile(quick: bool, keep_raw: Path | None, only: list[str] | None = None) -> str:
     """Each scenario under its own py-spy recording of a fresh modeltap; the markdown report."""
     modeltap = Modeltap()
     problem = modeltap.missing()
@@ -226,7 +254,8 @@ async def profile(quick: bool, keep_raw: Path | None) -> str:
         "benchmark's 100k-token conversation (benchmarks/bodies.py).",
         f"Machine: {facts['cpu']}, {facts['cores']} cores, {facts['kernel']}, {facts['python']}; "
         f"load {load_before['load_1m']}, {load_before['busy_percent']}% CPU busy before the run.",
-        "Shares are of busy samples over all of modeltap's threads; idle waits are left out.",
+        "Shares are of busy samples over all of modeltap's threads and processes (the record writer's",
+        "included); idle waits are left out.",
         "",
     ]
     with (
@@ -234,6 +263,8 @@ async def profile(quick: bool, keep_raw: Path | None) -> str:
         stand_in_upstream(Path(tmp)) as upstream,
     ):
         for scenario in SCENARIOS:
+            if only is not None and scenario.key not in only:
+                continue
             workdir = Path(tmp) / scenario.key
             workdir.mkdir()
             out.append(await _record(modeltap, scenario, upstream, workdir, quick))
@@ -251,9 +282,13 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for profile-modeltap.md")
     parser.add_argument("--keep-raw", action="store_true", help="also keep py-spy's raw stacks there")
+    parser.add_argument(
+        "--only", help=f"comma-separated scenarios (default all: {', '.join(s.key for s in SCENARIOS)})"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = asyncio.run(profile(args.quick, args.out if args.keep_raw else None))
+    only = args.only.split(",") if args.only else None
+    report = asyncio.run(profile(args.quick, args.out if args.keep_raw else None, only))
     (args.out / "profile-modeltap.md").write_text(report)
     print(report)
 

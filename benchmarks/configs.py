@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import itertools
 import json
+import os
 import secrets
 import sqlite3
 import subprocess
@@ -166,6 +167,72 @@ class ModeltapRecording(Modeltap):
         argv = super().argv(upstream, port, workdir)
         at = argv.index("--tokenizer")
         return argv[:at] + argv[at + 4 :]  # less --tokenizer DIR --context-length N
+
+
+class ModeltapAsyncio(Modeltap):
+    name, description = "modeltap-asyncio", "the same on asyncio's own event loop (--event-loop asyncio)"
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        return [*super().argv(upstream, port, workdir), "--event-loop", "asyncio"]
+
+
+class ModeltapThreadWriter(Modeltap):
+    name, description = "modeltap-thread", "the same, its record writer a thread (--record-writer thread)"
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        return [*super().argv(upstream, port, workdir), "--record-writer", "thread"]
+
+
+class ModeltapBaseline(Modeltap):
+    """An earlier modeltap beside this one, in the same run: the source tree that
+    MODELTAP_BENCH_BASELINE names (`git archive COMMIT | tar -x -C DIR`), run by this venv's Python
+    with that tree first on its path. Under load that comes and goes, a before and after measured
+    side by side compare where two runs would not."""
+
+    name, description = (
+        "modeltap-baseline",
+        "an earlier modeltap (MODELTAP_BENCH_BASELINE), recording and budget on",
+    )
+
+    @property
+    def tree(self) -> Path | None:
+        value = os.environ.get("MODELTAP_BENCH_BASELINE")
+        return Path(value) if value else None
+
+    def missing(self) -> str | None:
+        if self.tree is None or not (self.tree / "modeltap" / "__init__.py").exists():
+            return "MODELTAP_BENCH_BASELINE names no modeltap source tree"
+        return super().missing()
+
+    def version(self) -> str:
+        return f"{importlib.metadata.version('modeltap')} from {self.tree}"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        assert self.tree is not None
+        return start(
+            self.name, self.argv(upstream, port, workdir), workdir, env={"PYTHONPATH": str(self.tree)}
+        )
+
+
+class ModeltapWorkers(Modeltap):
+    name, description = "modeltap-workers2", "the same with two serving processes (--workers 2)"
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        return [*super().argv(upstream, port, workdir), "--workers", "2"]
+
+
+class ModeltapCountingProcess(Modeltap):
+    name, description = "modeltap-count-process", "the same, counting in a process of its own (a measurement)"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        argv = self.argv(upstream, port, workdir)
+        # benchmarks/serve_counting_process.py: serve with the budget's counts sent to another process.
+        return start(
+            self.name,
+            [sys.executable, "-m", "benchmarks.serve_counting_process", *argv[1:]],
+            workdir,
+            cwd=REPO,
+        )
 
 
 class ModeltapTokenIds(Modeltap):
@@ -326,9 +393,60 @@ class AgentLightning(PeerConfiguration):
         )
 
 
+class RllmGateway(PeerConfiguration):
+    """rLLM's model gateway as its README runs it: one vLLM-style worker, its SQLite trace store, and
+    its defaults, which ask every request for token ids and logprobs (`return_token_ids`, `logprobs`)
+    and keep them with each trace: the peer of `modeltap serve --token-ids` (modeltap-ids)."""
+
+    name, description = "rllm", "rLLM model gateway, SQLite trace store, token ids and logprobs captured"
+    venv_name, dist = "rllm", "rllm-model-gateway"
+    # Traces are kept only for a request that names a session (/sessions/ID/v1/...).
+    session = "bench"
+
+    def launch(self, upstream: str, port: int, workdir: Path) -> Service:
+        return start(
+            self.name,
+            [
+                str(self.venv / "bin" / "rllm-model-gateway"),
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--worker",
+                upstream + "/v1",
+                "--store",
+                "sqlite",
+                "--db-path",
+                str(workdir / "traces.db"),
+                "--log-level",
+                "warning",
+            ],
+            workdir,
+        )
+
+    def prepare(self, upstream: str, port: int) -> None:
+        request = urllib.request.Request(
+            f"http://{HOST}:{port}/sessions",
+            data=json.dumps({"session_id": self.session}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+
+    def target(self, upstream: str, port: int) -> Target:
+        return Target(f"http://{HOST}:{port}/sessions/{self.session}/v1{CHAT_PATH.removeprefix('/v1')}")
+
+    def recorded(self, workdir: Path) -> str:
+        store = workdir / "traces.db"
+        with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+            (traces,) = db.execute("SELECT count(*) FROM traces").fetchone()
+        return f"{traces} traces, {_mib(store)}"
+
+
 def all_configurations() -> list[Configuration]:
     """Every configuration, in the order the tables list them."""
-    return [Direct(), Floor(), Modeltap(), Mitmproxy(), Litellm(), AgentLightning()]
+    return [Direct(), Floor(), Modeltap(), Mitmproxy(), Litellm(), AgentLightning(), RllmGateway()]
 
 
 @dataclass

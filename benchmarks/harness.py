@@ -39,14 +39,16 @@ class Running:
 Measure = Callable[[list[Running]], Awaitable[None]]
 
 
-def select(only: str | None, also: Sequence[Configuration] = ()) -> list[Configuration]:
+def select(
+    only: str | None, also: Sequence[Configuration] = (), optional: Sequence[Configuration] = ()
+) -> list[Configuration]:
     """The configurations named in ``only`` (comma-separated), or all of them; ``also`` adds the
-    benchmark's own (placed after modeltap)."""
+    benchmark's own (placed after modeltap), ``optional`` more that run only when named."""
     configs = all_configurations()
     at = next((i + 1 for i, c in enumerate(configs) if c.name == "modeltap"), len(configs))
-    configs[at:at] = also
+    configs[at:at] = [*also, *optional]
     if only is None:
-        return configs
+        return [c for c in configs if c not in optional]
     names = only.split(",")
     unknown = set(names) - {c.name for c in configs}
     if unknown:
@@ -101,6 +103,7 @@ async def run_configs(
             await measure(running)
             for r in running:
                 r.row["peak_rss_mb"] = peak_rss_mb(r.started)
+                r.row["serving_peak_rss_mb"] = serving_peak_rss_mb(r.started)
                 r.row["status"] = "ok"
         for r in running:  # stopped now, so every record is flushed
             r.row["recorded"] = r.config.recorded(workdir / r.config.name)
@@ -193,6 +196,12 @@ async def with_proxy_cpu(running: Started, load: Awaitable[Run]) -> Run:
 def peak_rss_mb(running: Started) -> float | None:
     """The proxy's peak RSS so far in MiB (None for direct, which has no proxy)."""
     return None if running.service is None else round(running.service.peak_rss_bytes() / 2**20, 1)
+
+
+def serving_peak_rss_mb(running: Started) -> float | None:
+    """The peak RSS in MiB of the process that serves (the command itself, without the processes it
+    started: modeltap's record writer, LiteLLM's workers)."""
+    return None if running.service is None else round(running.service.own_peak_rss_bytes() / 2**20, 1)
 
 
 def log(message: str) -> None:

@@ -93,6 +93,10 @@ class Service:
         """
         return 1024 * sum(_peak_rss_kib(pid) for pid in self.tree())
 
+    def own_peak_rss_bytes(self) -> int:
+        """The command's own peak RSS (VmHWM), its children left out: a proxy's serving process."""
+        return 1024 * _peak_rss_kib(self.pid)
+
     def cpu_seconds(self) -> float:
         """CPU time the live threads of the process tree have used so far."""
         return sum(_cpu_ns(pid) for pid in self.tree()) / 1e9

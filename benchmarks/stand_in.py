@@ -126,11 +126,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def build_app() -> web.Application:
-    """The stand-in's routes: chat completions with and without the ``/v1`` prefix."""
+    """The stand-in's routes: chat completions with and without the ``/v1`` prefix, and ``/health``."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/chat/completions", chat_completions)
+    # vLLM's liveness route: rLLM's gateway takes a worker that fails it three times for dead.
+    app.router.add_get("/health", health)
     return app
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response()
 
 
 def main() -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import difflib
 import errno
+import importlib
 import io
 import json
 import logging
@@ -32,6 +34,8 @@ from modeltap.exporters.export import FORMATS, send_otlp, write_export
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.network import host_address, is_loopback, url
 from modeltap.proxy.server import Proxy, startup_report
+from modeltap.proxy.workers import start_workers
+from modeltap.readers import console as console_module
 from modeltap.readers.console import ConsoleLog
 from modeltap.readers.diff import compare, diff_text, side
 from modeltap.readers.grep import compile_pattern, hit_line, search
@@ -436,9 +440,14 @@ def _serve(args: argparse.Namespace) -> int:
     config = ProxyConfig.from_sources({k: v for k, v in vars(args).items() if k not in skipped})
     if config.upstream is None:
         raise ValueError("give --upstream URL (or set MODELTAP_UPSTREAM)")
-    console = None if args.quiet else ConsoleLog(sys.stderr, verbose=args.verbose)
+    # The line per exchange is printed by the record writer process, beside serve, where it costs the
+    # relay nothing; with --record-writer thread, by a thread of serve's.
+    lines = not args.quiet and config.record_writer == "process"
+    beside = [f"{console_module.__name__}:to_stderr{'_verbose' if args.verbose else ''}"] if lines else []
+    console = None if args.quiet or lines else ConsoleLog(sys.stderr, verbose=args.verbose)
     try:
-        asyncio.run(_serve_until_signalled(config, [console] if console else []))
+        with asyncio.Runner(loop_factory=_loop_factory(config.event_loop)) as runner:
+            runner.run(_serve_until_signalled(config, [console] if console else [], beside))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise ValueError(
@@ -451,16 +460,35 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_until_signalled(config: ProxyConfig, observers: Sequence[object]) -> None:
+async def _serve_until_signalled(
+    config: ProxyConfig, observers: Sequence[object], writer_observers: Sequence[str]
+) -> None:
     stop = _stop_on_signals()
-    async with Proxy(config, observers=observers) as proxy:
+    async with Proxy(config, observers=observers, writer_observers=writer_observers) as proxy:
         await asyncio.to_thread(_remember_store, config.store)
         default = None
         if config.upstream_key and not is_loopback(config.host) and not config.lend_key_to_anonymous:
             default = proxy.sessions.open(session_id="default", labels={"opened_by": "serve"})
-        print(startup_report(proxy, default), flush=True)
-        await stop.wait()
-        print("modeltap: stopping; flushing records", flush=True)
+        async with contextlib.AsyncExitStack() as workers:
+            if config.workers > 1:
+                await workers.enter_async_context(start_workers(proxy))
+            print(startup_report(proxy, default), flush=True)
+            await stop.wait()
+            print("modeltap: stopping; flushing records", flush=True)
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """serve's event loop: uvloop's when asked for or (auto) installed, else asyncio's (None)."""
+    if choice == "asyncio":
+        return None
+    try:
+        uvloop = importlib.import_module("uvloop")  # the `fast` extra; untyped where it is absent
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError("--event-loop uvloop needs uvloop: pip install 'modeltap[fast]'") from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def _remember_store(store: str) -> None:

@@ -11,10 +11,14 @@ a response (dialects/token_ids.py), or storing them (records/token_store.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from modeltap.counting.loaded import LoadedTokenizer
 from modeltap.dialects.roles import AsChat, Dialect
 from modeltap.dialects.token_ids import TokenIds, common_prefix
 
@@ -55,13 +59,15 @@ class IdRenderer:
         # The template writes BOS itself where the model has one (docs/token-budgets.md §5.2).
         return self._loaded.encode_ids(rendered)
 
+    @property
+    def folder(self) -> Path:
+        """The served tokenizer's folder."""
+        return self._loaded.folder
+
     def decode_each(self, ids: list[int]) -> list[str]:
         """Each id's text on its own (special tokens included), for showing where two id sequences
         part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
-        token_bytes = self._loaded.token_bytes
-        if token_bytes is None:
-            return [str(token) for token in ids]
-        return [token_bytes(token).decode("utf-8", "replace") for token in ids]
+        return _decode_each(self._loaded, ids)
 
     def turn_ends(self) -> frozenset[int]:
         """The ids a generated turn may end on (the template's end of turn and the tokenizer's
@@ -80,6 +86,19 @@ class IdRenderer:
 
         tokenizer: Tokenizer = TokenizerFiles.load(self._loaded.folder).tokenizer
         return list(tokenizer.encode(text, add_special_tokens=True).ids)
+
+
+def folder_decoder(folder: str) -> Callable[[list[int]], list[str]]:
+    """`IdRenderer.decode_each` for the tokenizer in `folder`, built where there is no counter: in the
+    record writer process, on the first break it describes (records/writer_process.py)."""
+    return functools.partial(_decode_each, LoadedTokenizer.load(Path(folder)))
+
+
+def _decode_each(loaded: LoadedTokenizer, ids: list[int]) -> list[str]:
+    token_bytes = loaded.token_bytes
+    if token_bytes is None:
+        return [str(token) for token in ids]
+    return [token_bytes(token).decode("utf-8", "replace") for token in ids]
 
 
 def rendered_ids(

@@ -98,7 +98,10 @@ async def _open(request: web.Request) -> web.Response:
         raise BadRequest(
             f'{exc}; send {{"upstream": URL, "upstream_key": KEY, "labels": {{…}}}}, each optional'
         ) from None
-    session = ctx.sessions.open(upstream=upstream, upstream_key=key, labels=labels)
+    assert ctx.sharing is not None
+    # With `serve --workers N`, opened in the first worker's registry and in every worker's before
+    # this answers (workers.py).
+    session = await ctx.sharing.open(upstream=upstream, upstream_key=key, labels=labels)
     return web.json_response(session_view(session, with_token=True), status=201)
 
 
@@ -151,6 +154,8 @@ async def _list(request: web.Request) -> web.Response:
 
 @_guarded
 async def _close(request: web.Request) -> web.Response:
-    if not request.app[CONTEXT].sessions.close(request.match_info["session_id"]):
+    sharing = request.app[CONTEXT].sharing
+    assert sharing is not None
+    if not await sharing.close(request.match_info["session_id"]):
         raise NotFound(f"no open session {request.match_info['session_id']!r}")
     return web.Response(status=204)

@@ -42,6 +42,13 @@ BudgetPolicy = Literal["clamp", "reject", "off"]
 BUDGET_POLICIES: tuple[BudgetPolicy, ...] = get_args(BudgetPolicy)
 TokensMode = Literal["off", "observe", "exact"]
 TOKENS_MODES: tuple[TokensMode, ...] = get_args(TokensMode)
+# Where records are written: a writer process beside the serving one (docs/performance.md), or a
+# thread of the serving process (no process to start: an embedding that may not spawn one).
+RecordWriter = Literal["process", "thread"]
+RECORD_WRITERS: tuple[RecordWriter, ...] = get_args(RecordWriter)
+# serve's event loop: uvloop when the `fast` extra installed it (auto), or asyncio's own.
+EventLoop = Literal["auto", "uvloop", "asyncio"]
+EVENT_LOOPS: tuple[EventLoop, ...] = get_args(EventLoop)
 
 
 def option(default: Any, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
@@ -78,6 +85,15 @@ class ProxyConfig:
         False, "on a non-loopback listener, send --upstream-key for requests without a session token too"
     )
     sync: bool = option(False, "commit each record before its response ends")
+    workers: int = option(
+        1, "serving processes on the port, sharing sessions and one record writer (default 1; see docs)"
+    )
+    record_writer: RecordWriter = option(
+        "process", "where records are written: process (a writer process beside serve; default) or thread"
+    )
+    event_loop: EventLoop = option(
+        "auto", "serve's event loop: auto (uvloop if installed: modeltap[fast]), uvloop or asyncio"
+    )
     tokenizer: str | None = option(None, "local HF tokenizer folder (or cached name) of the served model")
     context_length: int | None = option(None, "the model's context length (default: ask the upstream)")
     engine_max_tokens: int | None = option(None, "AReaL's rollout.agent.engine_max_tokens, if set")
@@ -157,6 +173,17 @@ class ProxyConfig:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
         if self.engine not in ENGINE_CHOICES:
             raise ValueError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, not {self.engine!r}")
+        if self.record_writer not in RECORD_WRITERS:
+            choices = ", ".join(RECORD_WRITERS)
+            raise ValueError(f"record_writer must be one of {choices}, not {self.record_writer!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if self.workers > 1 and self.record_writer != "process":
+            raise ValueError(
+                "workers share one record writer process: --workers needs --record-writer process"
+            )
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, not {self.event_loop!r}")
         if self.budget not in BUDGET_POLICIES:
             raise ValueError(f"budget must be one of {', '.join(BUDGET_POLICIES)}, not {self.budget!r}")
         if self.upstream is not None:

@@ -25,15 +25,21 @@ from modeltap.proxy.sessions import SessionRegistry
 from modeltap.proxy.tasks import Tasks
 from modeltap.proxy.translate import ResponseChains
 from modeltap.proxy.upstream import Upstream
+from modeltap.records.channel import RecordChannel
 from modeltap.records.store import RecordStore
+from modeltap.records.writer_process import WriterProcess
 
 if TYPE_CHECKING:
+    from modeltap.counting.ids import IdRenderer
     from modeltap.proxy.budget import Budget
     from modeltap.proxy.exact import ExactMode
     from modeltap.proxy.token_recorder import TokenIdRecorder
+    from modeltap.proxy.workers import LocalSharing, ReplicaSharing, WorkerSetup
 
 # Connections kept per upstream: one per concurrent rollout, and AReaL runs hundreds at once.
 UPSTREAM_CONNECTIONS = 1024
+# What a writer process calls, with the tokenizer folder, to decode token ids around a break.
+FOLDER_DECODER = "modeltap.counting.ids:folder_decoder"
 
 
 @dataclass
@@ -42,9 +48,12 @@ class ProxyContext:
 
     config: ProxyConfig
     sessions: SessionRegistry
-    store: RecordStore
+    store: RecordStore | RecordChannel
     observers: Observers
     loopback_only: bool
+    writer: WriterProcess | None = None
+    sharing: LocalSharing | ReplicaSharing | None = None
+    setup: WorkerSetup | None = None
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     budget: Budget | None = None
     budget_report: str = "off"
@@ -82,6 +91,40 @@ class ProxyContext:
                 base_url, self.config.layout, client, self.auto_first
             )
         return upstream
+
+    async def start_records(self) -> None:
+        """Start the writer process (when records are written by one) and the store's side of it."""
+        if isinstance(self.store, RecordStore):
+            self.store.start()
+            return
+        if self.writer is not None:
+            await self.writer.start()
+        try:
+            await self.store.start()
+        except BaseException:
+            if self.writer is not None:
+                await self.writer.stop()
+            raise
+
+    async def close_records(self) -> None:
+        """Flush every record, then stop the writer process."""
+        try:
+            await self.store.close()
+        finally:
+            if self.writer is not None:
+                await self.writer.stop()
+
+    def decode_ids_with(self, renderer: IdRenderer, turn_ends: frozenset[int]) -> None:
+        """Decode the ids around a token-history break with the served tokenizer, and tell a stop id
+        rendered as another by its `turn_ends`: `renderer`'s decoder, in this process; the same
+        tokenizer folder, loaded on its first break, in a writer process."""
+        if isinstance(self.store, RecordStore):
+            self.store.tokens.decoder = renderer.decode_each
+            self.store.tokens.turn_ends = turn_ends
+        else:  # the options the writer process starts with, and this process's fallback
+            self.store.options.decoder = FOLDER_DECODER
+            self.store.options.decoder_arg = str(renderer.folder)
+            self.store.options.turn_ends = sorted(turn_ends)
 
     async def close(self) -> None:
         await self.tasks.close()

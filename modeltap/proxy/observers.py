@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from modeltap.records.exchange import Exchange, SessionEvent
@@ -63,7 +63,13 @@ class Observers:
 
     async def exchange(self, exchange: Exchange) -> None:
         """Hand a sealed exchange to each exchange observer, then await what they wait for."""
-        await self._deliver([(o, o.on_exchange) for o in self._exchange], exchange)
+        await self.hand_over(exchange)
+
+    def hand_over(self, exchange: Exchange) -> Coroutine[Any, Any, None]:
+        """Hand a sealed exchange to each exchange observer now; return the waiting for what they
+        wait for. For a handler being cancelled: the exchange is the observers' before this returns,
+        so a task that awaits the rest can be cancelled (a stop) without losing it."""
+        return self._waits(self._calls([(o, o.on_exchange) for o in self._exchange], exchange), exchange)
 
     def session(self, event: SessionEvent) -> None:
         """Hand a session event to each session observer."""
@@ -73,7 +79,9 @@ class Observers:
             except Exception as exc:  # boundary: as for exchanges
                 self._failed(observer, event, exc)
 
-    async def _deliver(self, calls: list[tuple[object, Callable[[Any], Any]]], event: object) -> None:
+    def _calls(
+        self, calls: list[tuple[object, Callable[[Any], Any]]], event: object
+    ) -> list[tuple[object, Awaitable[Any]]]:
         waits: list[tuple[object, Awaitable[Any]]] = []
         for observer, method in calls:
             try:
@@ -83,6 +91,9 @@ class Observers:
             else:
                 if inspect.isawaitable(result):
                     waits.append((observer, result))
+        return waits
+
+    async def _waits(self, waits: list[tuple[object, Awaitable[Any]]], event: object) -> None:
         try:
             for observer, wait in waits:
                 try:

@@ -91,13 +91,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
         await _deliver(flow)
     except asyncio.CancelledError:
         # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
-        # us. The record must outlive this handler, so the proxy's task owner delivers it.
+        # us. The exchange is handed over now, failed (so no ids are rendered for it); the proxy's task
+        # owner awaits the rest, and a stop that cancels that task loses nothing.
         if not flow.handed_over:
             flow.draft.client_disconnected = True
             flow.draft.fail(
                 "client_disconnect", "the client closed the connection before the response was complete"
             )
-            flow.ctx.tasks.spawn(_deliver(flow), "record-disconnected")
+            flow.handed_over = True
+            flow.ctx.tasks.spawn(flow.ctx.observers.hand_over(flow.draft.seal()), "record-disconnected")
         raise
     return await _end(flow, response)
 

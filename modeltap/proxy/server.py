@@ -33,8 +33,11 @@ from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
 from modeltap.proxy.token_recorder import TokenIdRecorder, probe
+from modeltap.proxy.workers import LocalSharing, ReplicaSharing, WorkerSetup
+from modeltap.records.channel import RecordChannel
 from modeltap.records.exchange import RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
+from modeltap.records.writer_process import WriterOptions, WriterProcess
 
 if TYPE_CHECKING:
     from modeltap.counting.counter import TokenCounter
@@ -64,19 +67,21 @@ _EVERY_PATH = r"/{tail:[\s\S]*}"
 
 
 def build_app(
-    config: ProxyConfig, base_urls: BaseUrls | None = None, extra_observers: Sequence[object] = ()
+    config: ProxyConfig,
+    base_urls: BaseUrls | None = None,
+    extra_observers: Sequence[object] = (),
+    writer_observers: Sequence[str] = (),
+    setup: WorkerSetup | None = None,
 ) -> web.Application:
     """The proxy as an aiohttp Application. `base_urls` returns (host URL, container URL or None) for
     session URLs; by default they are derived from the configured host and port. The observers are
     the record store, then OTLP export (when asked for), then those `config.observers` names, then
-    `extra_observers`."""
+    `extra_observers`; `writer_observers` (factories `MODULE:ATTR`) see each exchange in the record
+    writer process once it is written (records/writer_process.py). With `setup`, the app is one of
+    `serve --workers N` other than the first (workers.py): its records go to the first one's writer
+    and its sessions are the first one's."""
     exports = _otlp(config)
-    store = RecordStore(
-        config.store_path,
-        keep_raw_sse=config.keep_raw_sse,
-        sync=config.sync,
-        max_bytes=config.max_store_bytes,
-    )
+    store, writer = _records(config, writer_observers, setup)
     seam = observers.Observers(
         [store, *exports, *(observers.load(spec) for spec in config.observers), *extra_observers]
     )
@@ -86,13 +91,25 @@ def build_app(
             SessionEvent("closed" if closed else "opened", session.id, dict(session.labels), session.upstream)
         )
 
-    sessions = SessionRegistry(
-        base_urls or (lambda: _base_urls(config.host, config.port)),
-        session_changed,
-        ttl_s=config.session_ttl_s,
+    urls = base_urls or (lambda: _base_urls(config.host, config.port))
+    if setup is None:
+        sessions = SessionRegistry(urls, session_changed, ttl_s=config.session_ttl_s)
+    else:  # a copy of the first worker's, which records the sessions and expires them
+        sessions = SessionRegistry(urls)
+    sharing = LocalSharing(sessions) if setup is None else ReplicaSharing(sessions)
+    ctx = ProxyContext(
+        config,
+        sessions,
+        store,
+        seam,
+        loopback_only=network.is_loopback(config.host),
+        writer=writer,
+        sharing=sharing,
+        setup=setup,
     )
-    ctx = ProxyContext(config, sessions, store, seam, loopback_only=network.is_loopback(config.host))
-    if config.admin_key:
+    if setup is not None:
+        ctx.admin_key = setup.admin_key
+    elif config.admin_key:
         ctx.admin_key = config.admin_key
     # Agents paste whole files into prompts: aiohttp's 1 MiB default would answer them 413.
     app = web.Application(client_max_size=config.max_body_bytes)
@@ -106,6 +123,27 @@ def build_app(
     app.router.add_route("HEAD", _EVERY_PATH, _head)
     app.router.add_route("*", _EVERY_PATH, relay.handle)
     return app
+
+
+def _records(
+    config: ProxyConfig, writer_observers: Sequence[str], setup: WorkerSetup | None
+) -> tuple[RecordStore | RecordChannel, WriterProcess | None]:
+    """The record store the observers see, and the writer process behind it when this process owns it."""
+    raw, most = config.keep_raw_sse, config.max_store_bytes
+    if setup is not None:
+        options = WriterOptions(
+            str(config.store_path), keep_raw_sse=raw, max_bytes=most, address=setup.writer_address
+        )
+        return RecordChannel(setup.writer_address, options, sync=config.sync), None
+    if config.record_writer == "thread":
+        if writer_observers:
+            raise ValueError("observers of the record writer process need --record-writer process")
+        return RecordStore(config.store_path, keep_raw_sse=raw, sync=config.sync, max_bytes=most), None
+    options = WriterOptions(
+        str(config.store_path), keep_raw_sse=raw, max_bytes=most, observers=list(writer_observers)
+    )
+    writer = WriterProcess(options)
+    return RecordChannel(writer.address, writer.options, sync=config.sync), writer
 
 
 def _otlp(config: ProxyConfig) -> list[OtlpExport]:
@@ -132,15 +170,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     ctx.exact, exact_report = await _exact(ctx, counter)
     if ctx.exact is not None:
         ctx.token_ids_report = exact_report
-    ctx.store.start()
+    await ctx.start_records()
     if ctx.config.upstream is not None:
         ctx.default_upstream = ctx.upstream(ctx.config.upstream)
-    ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
+    if ctx.setup is None:  # the first worker expires sessions for all
+        ctx.tasks.spawn(_expire_sessions(ctx), "expire-sessions")
     try:
         yield
     finally:
         await ctx.close()
-        await ctx.store.close()
+        await ctx.close_records()
 
 
 async def _counter(ctx: ProxyContext) -> TokenCounter | None:
@@ -236,8 +275,7 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
         renderer = await asyncio.to_thread(IdRenderer, counter)
     recorder = TokenIdRecorder(config, renderer)
     if renderer is not None:
-        ctx.store.tokens.decoder = renderer.decode_each
-        ctx.store.tokens.turn_ends = await asyncio.to_thread(renderer.turn_ends)
+        ctx.decode_ids_with(renderer, await asyncio.to_thread(renderer.turn_ends))
     rendered = f"rendered with {config.tokenizer}" if renderer is not None else None
     if config.upstream is None:
         return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"
@@ -303,6 +341,7 @@ async def _health(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": "ok",
+            "worker": ctx.setup.index if ctx.setup is not None else 0,
             "records_written": ctx.store.written,
             "record_failures": ctx.store.failures,
             "observer_failures": ctx.observers.failures,
@@ -340,11 +379,22 @@ class Proxy:
     A second start raises; a second stop does nothing; a start that fails halfway unwinds.
     """
 
-    def __init__(self, config: ProxyConfig, observers: Sequence[object] = ()) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        observers: Sequence[object] = (),
+        writer_observers: Sequence[str] = (),
+        setup: WorkerSetup | None = None,
+    ) -> None:
         """`observers` see every exchange after the record store and any `config.observers`
-        (modeltap.proxy.observers says what an observer is)."""
+        (modeltap.proxy.observers says what an observer is); `writer_observers` name factories
+        `MODULE:ATTR` of observers that see each exchange in the record writer process, once it is
+        written (serve's line per exchange); `setup` makes it one of `serve --workers N` other than
+        the first (workers.py)."""
         self.config = config
+        self._setup = setup
         self._observers = tuple(observers)
+        self._writer_observers = tuple(writer_observers)
         self.port: int | None = None
         self._state = _State.NEW
         self._stack = contextlib.AsyncExitStack()
@@ -356,7 +406,9 @@ class Proxy:
             raise RuntimeError(f"a Proxy starts once (it is {self._state.value})")
         self._state = _State.RUNNING
         async with contextlib.AsyncExitStack() as stack:
-            self._app = build_app(self.config, self._base_urls, self._observers)
+            self._app = build_app(
+                self.config, self._base_urls, self._observers, self._writer_observers, self._setup
+            )
             runner = listener.runner_for(
                 self._app,
                 keepalive_timeout_s=self.config.client_timeout_s,
@@ -364,8 +416,15 @@ class Proxy:
             )
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
+            # Several workers listen on one port, the kernel spreading connections among them.
+            shared = self.config.workers > 1 or self._setup is not None
             site = web.TCPSite(
-                runner, self.config.host, self.config.port, reuse_address=True, backlog=LISTEN_BACKLOG
+                runner,
+                self.config.host,
+                self.config.port,
+                reuse_address=True,
+                reuse_port=shared or None,
+                backlog=LISTEN_BACKLOG,
             )
             await site.start()
             self.port = runner.addresses[0][1]
@@ -445,6 +504,11 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
             "through chat: " + ", ".join(f"/v1/{route}" for route in translated)
             if translated
             else "none" + (" until an endpoint answers 404 at every path" if config.layout == "auto" else "")
+        ),
+        *(
+            [f"  workers   {config.workers} processes serve port {proxy.port}; one record writer beside them"]
+            if config.workers > 1
+            else []
         ),
         f"  records   {config.store_path.resolve()}",
         f"            follow them: modeltap tail --store {config.store_path.resolve()}",

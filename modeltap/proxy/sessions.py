@@ -73,6 +73,7 @@ class SessionRegistry:
         self._by_token: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
         self._closed_tokens: OrderedDict[str, None] = OrderedDict()
+        self._listeners: list[Callable[[Session, bool], None]] = []
 
     def open(
         self,
@@ -96,11 +97,22 @@ class SessionRegistry:
             host_base_url=f"{host}/s/{token}",
             container_base_url=f"{container}/s/{token}" if container else None,
         )
-        self._by_token[token] = session
-        self._by_id[sid] = session
+        self.adopt(session)
         if self._on_change is not None:
             self._on_change(session, False)
         return session
+
+    def adopt(self, session: Session) -> None:
+        """Hold a session opened elsewhere (another worker of `serve --workers`: workers.py), token
+        and all. Its opening is told to the listeners, not to `on_change`: it was recorded where it opened."""
+        self._by_token[session.token] = session
+        self._by_id[session.id] = session
+        for listener in self._listeners:
+            listener(session, False)
+
+    def add_listener(self, listener: Callable[[Session, bool], None]) -> None:
+        """Call `listener(session, closed)` after every opening and closing, after `on_change`."""
+        self._listeners.append(listener)
 
     def close(self, session_id: str) -> bool:
         """Close a session; its token stops working at once. False if it was not open."""
@@ -113,7 +125,20 @@ class SessionRegistry:
             self._closed_tokens.popitem(last=False)
         if self._on_change is not None:
             self._on_change(session, True)
+        for listener in self._listeners:
+            listener(session, True)
         return True
+
+    def closed_tokens(self) -> list[str]:
+        """The tokens of closed sessions still remembered, oldest first."""
+        return list(self._closed_tokens)
+
+    def remember_closed(self, tokens: list[str]) -> None:
+        """Remember `tokens` as those of sessions closed elsewhere (another worker)."""
+        for token in tokens:
+            self._closed_tokens[token] = None
+        while len(self._closed_tokens) > CLOSED_TOKENS_MAX:
+            self._closed_tokens.popitem(last=False)
 
     def by_token(self, token: str) -> Session | None:
         """The open session of `token`, or None. Using a session keeps it alive; one idle past the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -121,15 +122,20 @@ class ConsoleLog:
         return number
 
 
+def to_stderr() -> ConsoleLog:
+    """The line per exchange on standard error: what `serve` asks its record writer process to print
+    (records/writer_process.py, `WriterOptions.observers`)."""
+    return ConsoleLog(sys.stderr)
+
+
+def to_stderr_verbose() -> ConsoleLog:
+    """The same with each request line (`serve -v`)."""
+    return ConsoleLog(sys.stderr, verbose=True)
+
+
 def _row(ex: Exchange) -> dict[str, Any]:
     """The exchange in the shape the store's reader gives a row, for the views."""
-    response = ex.response
-    if response is None and ex.response_body:
-        try:
-            parsed = json.loads(ex.response_body)
-        except (ValueError, RecursionError):
-            parsed = None
-        response = parsed if isinstance(parsed, dict) else None
+    response = ex.response if ex.response is not None else _parsed(ex.response_body)
     return {
         "id": ex.id,
         "seq": None,
@@ -153,6 +159,18 @@ def _row(ex: Exchange) -> dict[str, Any]:
         "user_agent": ex.user_agent,
         "retry_count": ex.retry_count,
         "client_disconnected": ex.client_disconnected,
-        "request": ex.request_json,
+        # Parsed again in the record writer process, which the exchange reaches as bytes.
+        "request": ex.request_json if ex.request_json is not None else _parsed(ex.request),
         "response": response,
     }
+
+
+def _parsed(body: bytes | None) -> dict[str, Any] | None:
+    """A JSON object body, parsed; None for anything else."""
+    if not body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None

@@ -120,7 +120,13 @@ async def test_health_answers_without_a_key_and_tells_nothing_of_sessions(
             http.get(proxy.host_base_url + "/_modeltap/health") as reply,
         ):
             health = await reply.json()
-    assert health == {"status": "ok", "records_written": 0, "record_failures": 0, "observer_failures": 0}
+    assert health == {
+        "status": "ok",
+        "worker": 0,
+        "records_written": 0,
+        "record_failures": 0,
+        "observer_failures": 0,
+    }
 
 
 @pytest.mark.parametrize("quiet", [False, True])

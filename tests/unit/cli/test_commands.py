@@ -9,6 +9,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -236,3 +237,23 @@ async def test_prune_and_vacuum_report_what_they_freed(
     assert "vacuumed in small steps" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["prune", "--store", str(one)])  # --before or --keep-last is required
+
+
+def test_serve_runs_on_uvloop_when_installed_else_on_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    from modeltap import cli
+
+    assert cli._loop_factory("asyncio") is None
+    assert cli._loop_factory("auto") is uvloop.new_event_loop
+    real = cli.importlib.import_module
+
+    def without_uvloop(name: str) -> Any:
+        if name == "uvloop":
+            raise ImportError(name)
+        return real(name)
+
+    monkeypatch.setattr(cli.importlib, "import_module", without_uvloop)
+    assert cli._loop_factory("auto") is None
+    with pytest.raises(ValueError, match=r"pip install 'modeltap\[fast\]'"):
+        cli._loop_factory("uvloop")

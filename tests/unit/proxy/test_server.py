@@ -12,8 +12,8 @@ import pytest
 
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy, startup_report
+from modeltap.records.channel import RecordChannel
 from modeltap.records.exchange import Exchange, SessionEvent
-from modeltap.records.store import RecordStore
 
 
 class Seen:
@@ -52,8 +52,8 @@ async def test_the_store_comes_first_then_configured_then_given_observers(store_
     async with Proxy(config(store_path, observers=[spec]), observers=[given]) as proxy:
         seam = proxy.context.observers
         order = [type(o).__name__ for o in seam._exchange]
-        assert order == ["RecordStore", "Seen", "Seen"] and seam._exchange[2] is given
-        assert isinstance(seam._exchange[0], RecordStore)
+        assert order == ["RecordChannel", "Seen", "Seen"] and seam._exchange[2] is given
+        assert isinstance(seam._exchange[0], RecordChannel)
         session = proxy.sessions.open(labels={"task_id": "t"})
         proxy.sessions.close(session.id)
     assert [(e.kind, e.session_id) for e in given.events] == [("opened", session.id), ("closed", session.id)]
@@ -69,6 +69,7 @@ async def test_health_and_head(store_path: Path) -> None:
         async with http.get(proxy.host_base_url + "/_modeltap/health") as reply:
             assert await reply.json() == {
                 "status": "ok",
+                "worker": 0,
                 "records_written": 0,
                 "record_failures": 0,
                 "observer_failures": 0,

@@ -16,6 +16,7 @@ import pytest
 from modeltap.records.exchange import Exchange, SessionEvent
 from modeltap.records.reader import StoreReader
 from modeltap.records.schema import SCHEMA_VERSION, connect, migrate
+from modeltap.records.sql_writer import SqlWriter
 from modeltap.records.store import RECORD_ERROR, RecordStore, StoreClosed
 from modeltap.testing import exchange
 
@@ -165,13 +166,13 @@ async def test_a_full_queue_makes_submit_wait_until_the_writer_frees_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
-    write_items = RecordStore._write_items
+    write_items = SqlWriter._write_items
 
-    def held(self: RecordStore, conn: Any, items: Any) -> Any:
+    def held(self: SqlWriter, conn: Any, items: Any) -> Any:
         gate.wait(10)  # the disk is slow: nothing is written until the test opens the gate
         return write_items(self, conn, items)
 
-    monkeypatch.setattr(RecordStore, "_write_items", held)
+    monkeypatch.setattr(SqlWriter, "_write_items", held)
     store = RecordStore(tmp_path / "r.db", queue_size=2)
     store.start()
     await store.submit(chat_exchange("bp", 0))
