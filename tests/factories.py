@@ -3,7 +3,7 @@ tests build, each with the defaults most tests want and keywords for what a test
 
 Owns: the bash tool and the question the SDK-driven tests send; non-streamed OpenAI chat, completions
 and Responses bodies and Anthropic messages; the chunks and SSE framing of their streams; modeltap
-`Exchange`s and a record store written with them and with session events; copies of the Qwen2.5
+`Exchange`s and a record store written with them and with session events; copies of the Qwen3
 tokenizer folder with another config or template, and small byte-level BPE tokenizers. Does not own:
 what a stand-in upstream answers (tests/standins/) or any test's expected values.
 
@@ -334,7 +334,7 @@ def qwen_folder(
     drop: tuple[str, ...] = (),
     files: dict[str, str] | None = None,
 ) -> Path:
-    """A copy of the Qwen2.5 tokenizer folder (tokenizer.json linked), its config updated by `config`
+    """A copy of the Qwen3 tokenizer folder (tokenizer.json linked), its config updated by `config`
     without the keys in `drop`, plus `files` (relative path: text, written byte for byte).
 
     The Qwen config's `"unk_token": null` stays: with the key missing, Qwen2Tokenizer would pass its

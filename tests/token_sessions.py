@@ -33,10 +33,13 @@ def served_turn(
     completion: list[int] | None = None,
     finish_reason: str = "stop",
     logprobs: bool = False,
+    weight_version: str | None = None,
+    seed: int | None = None,
     **fields: Any,
 ) -> Exchange:
     """One chat exchange answered by the vLLM stand-in: the prompt is `history` rendered, the
-    completion the ids of `reply` (or `completion`), with one logprob per id when `logprobs`."""
+    completion the ids of `reply` (or `completion`), with one logprob per id when `logprobs`, the
+    completion's `weight_version` as vLLM 0.33 reports it, and the request's `seed`."""
     tools = TOOLS if tools is None else tools
     calls = [
         (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.get("tool_calls") or []
@@ -49,6 +52,8 @@ def served_turn(
     choice: dict[str, Any] = {"index": 0, "message": reply, "finish_reason": finish_reason, "token_ids": ids}
     if logprobs:
         choice["logprobs"] = {"content": [{"token": "t", "logprob": -i / 8} for i in range(len(ids))]}
+    if weight_version is not None:
+        choice["weight_versions"] = [{"version": weight_version, "start": 0, "end": len(ids)}]
     response = {
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -57,6 +62,8 @@ def served_turn(
         "usage": {"prompt_tokens": 1, "completion_tokens": len(ids)},
     }
     body: dict[str, Any] = {"model": "m", "messages": history}
+    if seed is not None:
+        body["seed"] = seed
     if tools:
         body["tools"] = tools
     return exchange(body, response, **fields)

@@ -3,9 +3,10 @@
 
 Owns: which chat request fields are sampling (`Sampling.of_chat`: temperature, top_p, top_k, min_p,
 the completion cap, stop strings and ids, seed, n, logprobs, the penalties) and each engine's names
-for them, with the facts that make a token-in request mean what the chat request meant (docs/engines.md
-§7): the cap is always sent (vLLM's completions default is 16 tokens, SGLang's 128), special tokens
-are kept in the engine's text (modeltap decodes the ids itself), SGLang's seed is `sampling_seed`.
+for them, with the facts that make a token-in request mean what the chat request meant (docs/exact.md
+§2-§3): the cap is always sent (vLLM's completions default is 16 tokens, SGLang's 128), special tokens
+are skipped in the engine's text as the chat route would skip them (modeltap decodes the ids itself,
+alike), SGLang's seed is `sampling_seed`.
 Does not own: building the ids (modeltap/counting/continuation.py), sending (proxy/exact.py), or reading
 the answer (the dialects: openai_completions.py, sglang_generate.py).
 
@@ -92,16 +93,21 @@ class Sampling:
         return out
 
 
-def vllm_completions(model: str, ids: list[int], sampling: Sampling, *, stream: bool) -> dict[str, Any]:
+def vllm_completions(
+    model: str, ids: list[int], sampling: Sampling, *, stream: bool, skip_special_tokens: bool = False
+) -> dict[str, Any]:
     """A vLLM `/v1/completions` request of prompt `ids` (vLLM v0.10.2 and later return the ids:
-    `return_token_ids`; docs/engines.md §7.1). Special tokens stay in its text; a stream ends with a
-    usage chunk."""
+    `return_token_ids`; docs/exact.md §2). `skip_special_tokens` is what vLLM's chat route would
+    detokenize with for the parsers in use (compat/parsers `ReplyParser.skip_special_tokens`); a stream
+    ends with a usage chunk."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": ids,
         "max_tokens": sampling.max_tokens,
         "return_token_ids": True,
-        "skip_special_tokens": False,
+        # The policy version of the completion (vLLM 0.33; earlier releases ignore the field).
+        "return_weight_versions": True,
+        "skip_special_tokens": skip_special_tokens,
         **sampling._common(),
     }
     if sampling.seed is not None:
@@ -114,12 +120,14 @@ def vllm_completions(model: str, ids: list[int], sampling: Sampling, *, stream: 
     return body
 
 
-def sglang_generate(ids: list[int], sampling: Sampling, *, stream: bool) -> dict[str, Any]:
-    """An SGLang `/generate` request of `input_ids` (docs/engines.md §7.2). The seed is `sampling_seed`,
+def sglang_generate(
+    ids: list[int], sampling: Sampling, *, stream: bool, skip_special_tokens: bool = False
+) -> dict[str, Any]:
+    """An SGLang `/generate` request of `input_ids` (docs/exact.md §3). The seed is `sampling_seed`,
     which SGLang applies only when it runs with `--enable-deterministic-inference`."""
     params: dict[str, Any] = {
         "max_new_tokens": sampling.max_tokens,
-        "skip_special_tokens": False,
+        "skip_special_tokens": skip_special_tokens,
         **sampling._common(),
     }
     if sampling.seed is not None:

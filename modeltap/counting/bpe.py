@@ -18,7 +18,7 @@ fails for t. And 3 fails for t = (a, b) exactly when some merge joins a token at
 bytes to one at the left edge of b's while both exist: the right spine of a's merge tree (a, its right
 part, that one's right part, ... a byte) against the left spine of b's, each token alive from its own
 id (bytes from the start) until the id of the token that absorbs it. `_no_crossing_merges` walks
-those spines for every merge: linear in the vocabulary, about a second for Qwen2.5's 151k merges.
+those spines for every merge: linear in the vocabulary, about a second for Qwen3's 151k merges.
 
 The split regex and the NFC normaliser are checked on a probe text against the tokenizer's own
 pre-tokenizer and normaliser, encoded by the reference BPE written out here.

@@ -11,7 +11,9 @@ a response (dialects/token_ids.py), or storing them (records/token_store.py).
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import json
 import logging
 from collections.abc import Callable
@@ -37,8 +39,15 @@ class IdRenderer:
     Its methods block: call them off the event loop."""
 
     def __init__(self, counter: TokenCounter) -> None:
+        from modeltap.counting.continuation import TurnEnd, study_turn_end
+
         self._counter = counter
         self._loaded = counter.tokenizer
+        self._turn: TurnEnd | None = None
+        try:
+            self._turn = study_turn_end(self._loaded.template, self._loaded.added_ids)
+        except ValueError as exc:
+            log.info("no turn-end ids: %s", exc)
 
     def ids(self, dialect: Dialect, body: dict[str, Any], reply: dict[str, Any] | None = None) -> list[int]:
         """The ids of `body`'s prompt as the server renders and encodes it; with `reply`, of the
@@ -69,17 +78,45 @@ class IdRenderer:
         part. A byte-level piece of a multi-byte character decodes to U+FFFD."""
         return _decode_each(self._loaded, ids)
 
+    def mask(self, completion: list[int], reply: dict[str, Any], finish_reason: str | None) -> list[int]:
+        """Which ids of a rendered completion the reply's own text encodes to: each id whose bytes lie
+        wholly inside the reply's reasoning or content, where the template put them (1), and the
+        template's end of turn after a reply that ended on its own; the rest is 0: what the template
+        wrote (an empty `<think></think>`, a tool call's markup, the newline after the turn), an id
+        merged across the text's edge, text the template rewrote. All 0 where ids have no bytes."""
+        mask = [0] * len(completion)
+        token_bytes = self._loaded.token_bytes
+        if token_bytes is None:
+            return mask
+        pieces = [token_bytes(token) for token in completion]
+        ends = list(itertools.accumulate(len(piece) for piece in pieces))
+        written = b"".join(pieces)
+        position, after = 0, 0
+        texts = [reply.get(field) for field in ("reasoning_content", "reasoning", "content")]
+        for text in (t.encode() for t in texts if isinstance(t, str) and t.strip()):
+            found = written.find(text, position)
+            if found < 0:
+                continue
+            position = found + len(text)
+            # The ids that start at or after `found` and end by `position`.
+            first = bisect.bisect_right(ends, found)
+            if first < len(ends) and ends[first] - len(pieces[first]) < found:
+                first += 1
+            last = bisect.bisect_right(ends, position)
+            mask[first:last] = [1] * max(last - first, 0)
+            after = max(after, last)
+        turn = self._turn
+        if finish_reason in ("stop", "tool_calls") and turn is not None:
+            end = next((i for i in range(after, len(completion)) if completion[i] == turn.token_id), None)
+            if end is not None:
+                mask[end] = 1
+        return mask
+
     def turn_ends(self) -> frozenset[int]:
         """The ids a generated turn may end on (the template's end of turn and the tokenizer's
         end-of-text ids), for telling a stop id rendered as another from a changed reply; empty when
         the template ends a turn in no added token."""
-        from modeltap.counting.continuation import study_turn_end
-
-        try:
-            return study_turn_end(self._loaded.template, self._loaded.added_ids).stop_ids
-        except ValueError as exc:
-            log.info("no turn-end ids: %s", exc)
-            return frozenset()
+        return self._turn.stop_ids if self._turn is not None else frozenset()
 
     def _with_special_tokens(self, text: str) -> list[int]:
         from modeltap.counting.tokenizer_files import TokenizerFiles
@@ -126,4 +163,6 @@ def rendered_ids(
         log.debug("no rendered token ids: %s", exc)
         return None
     shared = common_prefix(prompt, full)
-    return TokenIds(prompt, full[shared:], None, "rendered")
+    completion = full[shared:]
+    finish = dialect.read(response)[0]
+    return TokenIds(prompt, completion, None, "rendered", mask=renderer.mask(completion, reply, finish))

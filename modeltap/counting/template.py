@@ -7,7 +7,7 @@ converting Python functions into tool schemas (transformers' `get_json_schema`: 
 schema dicts), batches of conversations, `continue_final_message`, assistant-token masks, or
 `sanitize_control_tokens`.
 
-It needs jinja2 only (with tokenizer_files.py, `tokenizers` too): a fresh process holding the Qwen2.5
+It needs jinja2 only (with tokenizer_files.py, `tokenizers` too): a fresh process holding the Qwen3
 tokenizer takes about 110 MB of RSS this way against about 180 MB through AutoTokenizer, which also
 imports numpy and half of transformers. transformers remains the oracle of the tests.
 

@@ -80,7 +80,7 @@ class TokenizerFiles:
         `vocabulary=False` leaves out a BPE model's vocabulary and merges: `tokenizer` is then the
         pipeline around an empty model, which knows the added tokens, the normaliser, pre-tokenizer
         and post-processor (`num_special_tokens_to_add`) and encodes nothing else. That is what a
-        caller reading the vocabulary itself needs (bpe.py), without the ~80 MB Qwen2.5's takes in
+        caller reading the vocabulary itself needs (bpe.py), without the ~80 MB Qwen3's takes in
         the tokenizers library.
         """
         folder = Path(directory)

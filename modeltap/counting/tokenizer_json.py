@@ -5,7 +5,7 @@ Tokenizer: https://huggingface.co/docs/tokenizers/api/tokenizer), parsing the sm
 streaming the model's `vocab` object and `merges` list a chunk at a time. Does not own what the
 entries mean (bpe.py) or the pipeline built from the other sections (template.py).
 
-Why: `json.loads` of Qwen2.5's 11 MB tokenizer.json holds about 80 MB of Python objects at its peak,
+Why: `json.loads` of Qwen3's 11 MB tokenizer.json holds about 80 MB of Python objects at its peak,
 most of a small process's memory; streaming the same vocabulary holds the file's bytes and what the
 caller keeps of each entry.
 

@@ -43,12 +43,17 @@ class TokenIds:
     logprobs (one per completion id, None where the server gave none). `source` is "served" when the
     engine returned them (`--tokens observe`), "built" when modeltap built the prompt and the engine
     generated from it (`--tokens exact`), "rendered" when modeltap rendered and encoded them with the
-    served tokenizer (the engine returned none)."""
+    served tokenizer (the engine returned none). `weight_version` is the policy version the engine
+    reports for the completion (SGLang's `weight_version`, vLLM 0.33's last `weight_versions` span).
+    `mask` marks, for rendered ids only, which completion ids the reply's own text encodes to (1) and
+    which the template wrote around it (0); None means every completion id is the model's."""
 
     prompt: list[int]
     completion: list[int]
     logprobs: list[float | None] | None = None
     source: TokenSource = "served"
+    weight_version: str | None = None
+    mask: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +86,17 @@ def served_ids(response: Any, logprobs: LogprobReader) -> TokenIds | None:
         return None
     sampled = logprobs(choice)
     aligned = sampled is not None and len(sampled) == len(completion)
-    return TokenIds(prompt, completion, sampled if aligned else None)
+    return TokenIds(
+        prompt, completion, sampled if aligned else None, weight_version=_weight_version(body, choice)
+    )
+
+
+def _weight_version(body: dict[str, Any], choice: dict[str, Any]) -> str | None:
+    """The policy version a chat or completions answer reports: vLLM 0.33's `weight_versions` spans
+    of the choice (the last one's), or SGLang's `metadata.weight_version` (docs/exact.md §4)."""
+    spans = [span for span in list_of(choice.get("weight_versions")) if isinstance(span, dict)]
+    version = spans[-1].get("version") if spans else as_dict(body.get("metadata")).get("weight_version")
+    return version if isinstance(version, str) else None
 
 
 def without_ids(response: dict[str, Any]) -> dict[str, Any]:
@@ -124,11 +139,14 @@ def completion_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
 def merge_chunk_ids(body: dict[str, Any], chunk: dict[str, Any], choices: dict[int, dict[str, Any]]) -> None:
     """Fold one stream chunk's ids into `body` (the stream's top-level fields) and `choices` (each
     choice's state by index): vLLM's top-level `prompt_token_ids` on the first chat chunk, each choice's
-    `prompt_token_ids` (completions) and `token_ids` deltas, and SGLang's trailing `sglext` chunk.
+    `prompt_token_ids` (completions), `token_ids` deltas and `weight_versions` (on the last chunk), SGLang's
+    trailing `sglext` chunk and its `metadata` (the weight version).
     Lists are taken as they come, on the event loop; `served_ids` checks them, off it."""
     prompt = chunk.get("prompt_token_ids")
     if isinstance(prompt, list):
         body["prompt_token_ids"] = prompt
+    if isinstance(chunk.get("metadata"), dict):
+        body["metadata"] = chunk["metadata"]
     sglext = chunk.get("sglext")
     if isinstance(sglext, dict):
         merged = body.setdefault("sglext", {})
@@ -145,6 +163,8 @@ def merge_chunk_ids(body: dict[str, Any], chunk: dict[str, Any], choices: dict[i
         delta = choice.get("token_ids")
         if isinstance(delta, list):
             state.setdefault("token_ids", []).extend(delta)
+        if isinstance(choice.get("weight_versions"), list):
+            state["weight_versions"] = choice["weight_versions"]
 
 
 _INT = frozenset({int})

@@ -1,7 +1,8 @@
 """`modeltap export`: a recorded session in the formats other tools read.
 
 Owns: the command's formats and writing one session in one of them: HAR 1.2 (har.py), JSON lines
-(jsonl.py), chat messages for SFT (messages.py), token lines for RL trainers (tokens.py), and
+(jsonl.py), chat messages for SFT (messages.py), token lines for RL trainers (modeltap's own in
+tokens.py, verl's in verl.py, slime's in slime.py), and
 OpenTelemetry spans sent to a tracing backend (otlp.py, with the `[otlp]` extra). Does not own any
 format's content.
 
@@ -18,15 +19,20 @@ from typing import TextIO
 from modeltap.exporters.har import har
 from modeltap.exporters.jsonl import jsonl
 from modeltap.exporters.messages import conversation, final_exchange
-from modeltap.exporters.tokens import token_lines
+from modeltap.exporters.slime import slime_line
+from modeltap.exporters.tokens import line, stretches
+from modeltap.exporters.verl import verl_line
 from modeltap.records.jsontext import pretty
 from modeltap.records.reader import StoreReader
 
-FORMATS = ("har", "jsonl", "messages", "otlp", "tokens")
+FORMATS = ("har", "jsonl", "messages", "otlp", "tokens", "verl", "slime")
+# The token formats: a session's continuous stretches, each written as one line of its trainer's shape.
+_TOKEN_LINES = {"tokens": line, "verl": verl_line, "slime": slime_line}
 
 
 def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) -> None:
-    """Write session `session_id` to `out` in `fmt`: "har", "jsonl", "messages" or "tokens"."""
+    """Write session `session_id` to `out` in `fmt`: "har", "jsonl", "messages", or a token format
+    ("tokens", "verl", "slime")."""
     if fmt == "har":
         out.write(pretty(har(reader, session_id)) + "\n")
     elif fmt == "jsonl":
@@ -34,13 +40,16 @@ def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) ->
             out.write(line + "\n")
     elif fmt == "messages":
         out.write(json.dumps(conversation(reader.exchanges(session_id)), ensure_ascii=False) + "\n")
-    elif fmt == "tokens":
+    elif fmt in _TOKEN_LINES:
         with_ids = {turn["exchange_id"] for turn in reader.token_turns(session_id) if turn["source"]}
         exchanges = [ex for ex in reader.exchanges(session_id) if ex["id"] in with_ids]
         if not exchanges:
-            raise ValueError(f"session {session_id} has no token ids: record it with `serve --token-ids`")
-        for record in token_lines(reader, session_id, final_exchange(exchanges, "generating")["id"]):
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            raise ValueError(
+                f"session {session_id} has no token ids: record it with `serve --tokens observe`"
+            )
+        shape = _TOKEN_LINES[fmt]
+        for stretch in stretches(reader, session_id, final_exchange(exchanges, "generating")["id"]):
+            out.write(json.dumps(shape(stretch), ensure_ascii=False) + "\n")
     else:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
 

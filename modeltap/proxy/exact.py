@@ -231,13 +231,18 @@ class ExactTranslation:
         room = self.mode.context_length - 1 - len(self.built.ids)
         cap = max(min(max_tokens, room) if max_tokens is not None else room, 1)
         sampling = Sampling.of_chat(self.chat_body, max_tokens=cap)
+        # Asked as the chat route would detokenize: the engine's text then matches the one parsed here.
+        skip = self.mode.parser.skip_special_tokens(self.context)
         if self.endpoint is openai_completions.DIALECT:
             model = self.chat_body.get("model")
+            name = model if isinstance(model, str) else ""
             self.request = vllm_completions(
-                model if isinstance(model, str) else "", self.built.ids, sampling, stream=self.streamed
+                name, self.built.ids, sampling, stream=self.streamed, skip_special_tokens=skip
             )
         else:
-            self.request = sglang_generate(self.built.ids, sampling, stream=self.streamed)
+            self.request = sglang_generate(
+                self.built.ids, sampling, stream=self.streamed, skip_special_tokens=skip
+            )
         return json.dumps(self.request).encode()
 
     @property
@@ -279,7 +284,9 @@ class ExactTranslation:
 
     def settle(self, generated: Sequence[Generated], parsed: Sequence[ParsedReply]) -> None:
         first = generated[0]
-        self.token_ids = TokenIds(self.built.ids, first.ids, first.logprobs, "built")
+        self.token_ids = TokenIds(
+            self.built.ids, first.ids, first.logprobs, "built", weight_version=first.weight_version
+        )
         self._generated, self._parsed = list(generated), list(parsed)
 
     def remember(self) -> None:

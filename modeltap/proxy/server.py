@@ -275,7 +275,7 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
         renderer = await asyncio.to_thread(IdRenderer, counter)
     recorder = TokenIdRecorder(config, renderer)
     if renderer is not None:
-        ctx.decode_ids_with(renderer, await asyncio.to_thread(renderer.turn_ends))
+        ctx.decode_ids_with(renderer, renderer.turn_ends())
     rendered = f"rendered with {config.tokenizer}" if renderer is not None else None
     if config.upstream is None:
         return recorder, f"asked of each session's upstream; {rendered or 'not rendered (no --tokenizer)'}"

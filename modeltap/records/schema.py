@@ -83,6 +83,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     _rollups_and_references,
     # 4: token ids and token-history breaks (`serve --token-ids`)
     token_store.MIGRATION,
+    # 5: each completion's weight version and seed, and the mask of rendered ids (`serve --tokens`)
+    token_store.SAMPLING_MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

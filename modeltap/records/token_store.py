@@ -80,6 +80,14 @@ CREATE TABLE exchange_tokens (
 CREATE INDEX exchange_tokens_session ON exchange_tokens (session_id);
 ALTER TABLE sessions ADD COLUMN token_drift TEXT
 """
+# The second step (store.py appends it after MIGRATION): the policy version the engine reports for a
+# completion, the request's sampling seed, and for rendered ids the mask of those the reply's own
+# text encodes to (one byte per completion id, 0 or 1).
+SAMPLING_MIGRATION = """
+ALTER TABLE exchange_tokens ADD COLUMN weight_version TEXT;
+ALTER TABLE exchange_tokens ADD COLUMN seed INTEGER;
+ALTER TABLE exchange_tokens ADD COLUMN mask BLOB
+"""
 # Rebuilt sequences kept in memory by id count: 8M uint32 ids are 32 MB, the last turns of a few
 # hundred long sessions; the writer rebuilds one from its nodes when it was evicted.
 SEQUENCE_CACHE_IDS = 8_000_000
@@ -88,7 +96,7 @@ SEQUENCE_CACHE_IDS = 8_000_000
 # while more than TRACKED_SESSIONS others were active starts its next turn as a new stretch.
 TRACKED_SESSIONS = 1024
 TRACKED_TURNS = 8
-# zlib's fastest level: 20k Qwen2.5 ids of code and prose compress to 25.9 KB in 1.1 ms at level 1,
+# zlib's fastest level: 20k Qwen3 ids of code and prose compress to 25.9 KB in 1.1 ms at level 1,
 # against 22.0 KB in 9.0 ms at the default level 6, on the writer thread that every exchange waits for.
 COMPRESSION_LEVEL = 1
 # Node hashes known to be stored, so an unchanged node is not re-inserted.
@@ -157,9 +165,11 @@ class TokenWriter:
                     (ex.id, ex.session_id, ex.token_ask),
                 )
             return
-        self._write_ids(conn, ex, ids, _chat(dialect, request, response))
+        self._write_ids(conn, ex, ids, _chat(dialect, request, response), _seed(request))
 
-    def _write_ids(self, conn: sqlite3.Connection, ex: Exchange, ids: TokenIds, chat: _Chat | None) -> None:
+    def _write_ids(
+        self, conn: sqlite3.Connection, ex: Exchange, ids: TokenIds, chat: _Chat | None, seed: int | None
+    ) -> None:
         prompt, completion = array("I", ids.prompt), array("I", ids.completion)
         previous = self._predecessor(ex.session_id, ex.endpoint, chat)
         shared, drift, prompt_node = 0, None, None
@@ -182,8 +192,9 @@ class TokenWriter:
         self._cache(sequence_node, prompt + completion)
         conn.execute(
             """INSERT INTO exchange_tokens (exchange_id, session_id, source, ask, prompt_node, sequence_node,
-               prompt_length, completion_length, logprobs, continues, shared, drift)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+               prompt_length, completion_length, logprobs, continues, shared, drift, weight_version, seed,
+               mask)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             (
                 ex.id,
                 ex.session_id,
@@ -197,6 +208,9 @@ class TokenWriter:
                 previous.exchange_id if previous is not None else None,
                 shared if previous is not None else None,
                 json.dumps(drift) if drift is not None else None,
+                ids.weight_version,
+                seed,
+                bytes(ids.mask) if ids.mask is not None else None,
             ),
         )
         if drift is not None:
@@ -339,6 +353,14 @@ def recorded_ids(ex: Exchange, dialect: Dialect, request: Any, response: Any) ->
     return dialect.token_ids(request, response)
 
 
+def _seed(request: Any) -> int | None:
+    """The request's sampling seed, when it is an integer SQLite holds (a signed 64-bit one)."""
+    seed = request.get("seed") if isinstance(request, dict) else None
+    if isinstance(seed, int) and not isinstance(seed, bool) and -(2**63) <= seed < 2**63:
+        return seed
+    return None
+
+
 def _chat(dialect: Dialect, request: Any, response: Any) -> _Chat | None:
     """The exchange as OpenAI chat, or None for a format without a conversation."""
     if not isinstance(dialect, AsChat) or not isinstance(request, dict) or not isinstance(response, dict):
@@ -443,10 +465,13 @@ def node_ids(conn: sqlite3.Connection, node: str) -> array[int]:
 
 
 def session_tokens(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """The token rows of a session's exchanges, in recording order, each with its `turn` number."""
+    """The token rows of a session's exchanges, in recording order, each with its `turn` number, the
+    exchange's finish reason, and the completion's `mask` (rendered ids: 1 where the reply's own text
+    encodes, else None)."""
     rows = conn.execute(
-        """SELECT e.id AS exchange_id, e.seq AS seq, t.source, t.ask, t.prompt_node, t.sequence_node,
-                  t.prompt_length, t.completion_length, t.logprobs, t.continues, t.shared, t.drift
+        """SELECT e.id AS exchange_id, e.seq AS seq, e.finish_reason, t.source, t.ask, t.prompt_node,
+                  t.sequence_node, t.prompt_length, t.completion_length, t.logprobs, t.continues, t.shared,
+                  t.drift, t.weight_version, t.seed, t.mask
            FROM exchanges e LEFT JOIN exchange_tokens t ON t.exchange_id = e.id
            WHERE e.session_id = ? ORDER BY e.seq""",
         (session_id,),
@@ -455,10 +480,11 @@ def session_tokens(conn: sqlite3.Connection, session_id: str) -> list[dict[str, 
     for number, row in enumerate(rows, 1):
         if row["ask"] is None and row["source"] is None:
             continue
-        item = {key: row[key] for key in row.keys() if key not in ("logprobs", "drift")}
+        item = {key: row[key] for key in row.keys() if key not in ("logprobs", "drift", "mask")}
         item["turn"] = number
         item["drift"] = json.loads(row["drift"]) if row["drift"] else None
         item["logprobs"] = row["logprobs"]
+        item["mask"] = list(row["mask"]) if row["mask"] is not None else None
         out.append(item)
     return out
 

@@ -46,6 +46,8 @@ _EXPORT_TYPES = {
     "jsonl": "application/x-ndjson",
     "messages": "application/x-ndjson",
     "tokens": "application/x-ndjson",
+    "verl": "application/x-ndjson",
+    "slime": "application/x-ndjson",
 }
 _T = TypeVar("_T")
 

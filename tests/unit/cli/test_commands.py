@@ -242,7 +242,7 @@ async def test_prune_and_vacuum_report_what_they_freed(
 def test_serve_runs_on_uvloop_when_installed_else_on_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
     import uvloop
 
-    from modeltap import cli
+    from modeltap.cli import commands as cli
 
     assert cli._loop_factory("asyncio") is None
     assert cli._loop_factory("auto") is uvloop.new_event_loop

@@ -39,7 +39,7 @@ def _encoder(file: Path) -> bpe.Encoder | None:
 def qwen(qwen_dir: str) -> tuple[Tokenizer, bpe.Encoder]:
     file = Path(qwen_dir, "tokenizer.json")
     encoder = _encoder(file)
-    assert encoder is not None, "Qwen2.5's vocabulary is proven"
+    assert encoder is not None, "Qwen3's vocabulary is proven"
     tok = Tokenizer.from_file(str(file))
     # The encoder gets the text between added tokens: the reference must not split them out either.
     tok.encode_special_tokens = True

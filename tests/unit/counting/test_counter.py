@@ -954,7 +954,7 @@ def _apply(conversation: Conversation, step: tuple[str, Any], n: int) -> None:
 
 @pytest.fixture(scope="module", params=["qwen", "qwen3_style"])
 def template_under_test(request: pytest.FixtureRequest) -> tuple[PreTrainedTokenizerBase, Path]:
-    """(oracle, folder): the Qwen2.5 folder (its template is Qwen3-style too), and the fixture template."""
+    """(oracle, folder): the Qwen3 folder, and the fixture template."""
     folder = request.getfixturevalue("qwen_dir" if request.param == "qwen" else "qwen3_style_dir")
     return request.getfixturevalue(request.param), Path(folder)
 

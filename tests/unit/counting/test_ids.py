@@ -55,3 +55,33 @@ def test_the_turn_ends_are_the_served_tokenizers_own(renderer: IdRenderer, qwen_
     # The oracle is the tokenizer as transformers loads it: Qwen3's <|im_end|> and <|endoftext|>.
     tokenizer = AutoTokenizer.from_pretrained(qwen_dir)
     assert renderer.turn_ends() == frozenset(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+
+
+@pytest.mark.parametrize(("finish", "turn_end"), [("stop", 1), ("length", 0)])
+def test_a_rendered_completion_is_masked_to_what_the_reply_text_encodes(
+    renderer: IdRenderer, finish: str, turn_end: int
+) -> None:
+    # What the template writes around the reply (the empty think block of the last turn, the newline
+    # after it) is not the model's; the reply's text is, and its end of turn when it ended on its own.
+    chat = dialects.named("chat")
+    body = {"model": "m", "messages": [ASK]}
+    response = chat_completion(assistant("It prints 42."), finish, usage=usage(1, 1))
+    ids = rendered_ids(renderer, chat, body, response)
+    assert ids is not None and ids.mask is not None and len(ids.mask) == len(ids.completion)
+    text = renderer.decode_each(ids.completion)
+    masked = "".join(t for t, m in zip(text, ids.mask, strict=True) if m)
+    assert masked == "It prints 42." + ("<|im_end|>" if turn_end else "")
+    assert "<think>" in "".join(text) and text[-1] == "\n"
+
+
+def test_a_reply_with_reasoning_masks_the_reasoning_and_content_not_the_tags(renderer: IdRenderer) -> None:
+    chat = dialects.named("chat")
+    reply = {**assistant("42"), "reasoning_content": "Six times seven."}
+    response = chat_completion(reply, "stop", usage=usage(1, 1))
+    ids = rendered_ids(renderer, chat, {"model": "m", "messages": [ASK]}, response)
+    assert ids is not None and ids.mask is not None
+    text = renderer.decode_each(ids.completion)
+    masked = [t for t, m in zip(text, ids.mask, strict=True) if m]
+    # ".\n" merges the reasoning's last character with the template's newline: not wholly the model's.
+    assert "".join(masked) == "Six times seven42<|im_end|>"
+    assert not {"<think>", "</think>", ".\n"} & set(masked)

@@ -4,7 +4,7 @@ encodes, without importing it.
 The oracle in every test is transformers' `AutoTokenizer.from_pretrained(folder)` over the same folder:
 `apply_chat_template(..., tokenize=False)` for the text (or the same exception), `encode` for the ids,
 `special_tokens_map` and `added_tokens_decoder` for what the folder declares. The folders are the real
-Qwen2.5 tokenizer (whose template is Qwen3-style: reasoning_content, enable_thinking) and copies of it with
+Qwen3 tokenizer (whose template takes reasoning_content and enable_thinking) and copies of it with
 templates and configs written here.
 """
 

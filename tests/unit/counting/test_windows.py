@@ -37,7 +37,7 @@ REASONING = {"role": "assistant", "content": "Done.", "reasoning_content": "I th
 
 @pytest.fixture(scope="module")
 def qwen3_style(qwen_dir: str) -> ChatTemplate:
-    """The Qwen2.5 folder's template: Qwen3-style, stripping reasoning before the last user query."""
+    """The Qwen3 folder's template: stripping reasoning before the last user query."""
     config = json.loads(Path(qwen_dir, "tokenizer_config.json").read_text())
     return ChatTemplate(config["chat_template"], {"eos_token": "<|im_end|>"})
 

@@ -68,8 +68,9 @@ async def test_an_exact_session_exports_one_line_of_the_last_prompt_and_completi
         [1, 2, 3],
         0,
         "served",
-        1,
+        2,
     )
+    assert line["rendered_turns"] == [] and line["weight_versions"] == [None] * 3
     expected_mask = [0] * len(line["input_ids"])
     for prompt, completion in zip(prompts, completions, strict=True):
         expected_mask[len(prompt) : len(prompt) + len(completion)] = [1] * len(completion)
@@ -418,3 +419,37 @@ async def test_observe_mode_names_each_echo_change_as_the_cause_of_its_break(
         assert found == echoes.EXPECTED_BREAK[case.kind], case
     else:  # the echo is the reply; the template wrote it otherwise (or dropped its reasoning)
         assert found[0] in ("rerendered", "reasoning_dropped") and found[1] == [], case
+
+
+async def test_each_turns_weight_version_and_seed_are_recorded_and_exported(tmp_path: Path) -> None:
+    histories, replies = tool_session()
+    versions, seeds = ["v1", None, "v2"], [7, None, 2**70]  # a seed SQLite cannot hold is left out
+    turns = [
+        served_turn(h, r, session_id="s", weight_version=v, seed=seed)
+        for h, r, v, seed in zip(histories, replies, versions, seeds, strict=True)
+    ]
+    reader = await record(tmp_path, *turns)
+    rows = reader.token_turns("s")
+    assert [(row["weight_version"], row["seed"]) for row in rows] == [("v1", 7), (None, None), ("v2", None)]
+    [line] = export(reader, "s")
+    assert line["weight_versions"] == versions and line["seeds"] == [7, None, None]
+
+
+async def test_a_rendered_turn_is_marked_and_masked_to_its_reply_text(tmp_path: Path) -> None:
+    histories, replies = tool_session()
+    served = [served_turn(h, r, session_id="s") for h, r in zip(histories[:2], replies[:2], strict=True)]
+    prompt = te.render(histories[2], TOOLS)
+    completion = te.completion("48")
+    # The renderer's mask: the text's ids, not the template's end of turn it wrote after a length stop.
+    mask = [1] * (len(completion) - 1) + [0]
+    rendered = served_turn(
+        histories[2],
+        replies[2],
+        session_id="s",
+        token_ids=TokenIds(prompt, completion, None, "rendered", mask=mask),
+    )
+    reader = await record(tmp_path, *served, rendered)
+    [line] = export(reader, "s")
+    assert line["source"] == "mixed" and line["rendered_turns"] == [3]
+    assert line["loss_mask"][len(prompt) :] == mask
+    assert reader.token_turns("s")[2]["mask"] == mask
