@@ -44,6 +44,7 @@ from modeltap.counting.template import APPLY_CHAT_TEMPLATE_PARAMETERS
 from modeltap.counting.windows import (
     HEAD_MAX,
     RENDER_ERRORS,
+    Delta,
     Windows,
     context,
     generation_prompt,
@@ -350,9 +351,41 @@ class TokenCounter:
         segments = self._tokenizer.segments
         if added is None or segments is None:
             return None
+        if not _ends_on_assistant(new):
+            answer = self._keep_extended(base, messages, new, added, windows)
+            self._count_extended()
+            return answer
+        # A request ending on the assistant (a prefill, a continuation, a replayed history) is kept
+        # without that message, which templates render apart while it is last (Qwen3 gives it an empty
+        # think block): the next request, which follows it with more, extends what stays as it is.
+        history = base.tail + added.text
+        total, _, _ = segments.count_resumable(history + added.prompt, len(history))
+        kept = new[:-1]
+        extension = (
+            render_delta(self._tokenizer.template, window, kept, tools, kwargs, windows.prompt)
+            if kept
+            else None
+        )
+        if extension is not None:
+            self._keep_extended(base, messages[: known + len(kept)], kept, extension, windows)
+        self._count_extended()
+        return base.counted + total
+
+    def _keep_extended(
+        self,
+        base: Conversation,
+        messages: list[Any],
+        new: list[dict[str, Any]],
+        added: Delta,
+        windows: Windows,
+    ) -> int:
+        """Cache `messages`, which extend `base` by `new` (normalised), rendered as `added`; return
+        their count."""
+        segments = self._tokenizer.segments
+        assert segments is not None  # only windows extend, and they count by pieces
         history = base.tail + added.text
         total, cut, before = segments.count_resumable(history + added.prompt, len(history))
-        answer = base.counted + total
+        known = len(base.messages)
         kept = windows.rewritten
         rewritable = (*base.rewritable, *(known + i for i, m in enumerate(new) if shape(m) in kept))
         extended = Conversation(
@@ -360,18 +393,17 @@ class TokenCounter:
             # but a list, where holding this request's would free every earlier message of the last
             # request here, in the count (a cost growing with the history); this request's copies go
             # with its body, as they would without a budget.
-            messages=[*base.messages, *messages[known:]],
-            tools=tools,
-            kwargs=kwargs,
+            messages=[*base.messages, *messages[len(base.messages) :]],
+            tools=base.tools,
+            kwargs=base.kwargs,
             counted=base.counted + before,
             tail=history[cut:],
-            prompt_tokens=answer,
+            prompt_tokens=base.counted + total,
             rewritable=rewritable,
             chars=base.chars + len(added.text),
         )
         self._conversations.store(extended, replacing=base)
-        self._count_extended()
-        return answer
+        return base.counted + total
 
     def _count_rendered(
         self,
@@ -388,6 +420,28 @@ class TokenCounter:
             return self._tokenizer.reference_count(text)
         if windows is None:
             return segments.count(text)
+        if _ends_on_assistant(normalised) and len(normalised) > 1:
+            # Kept without its last message, which the next request follows with more (`_extend`).
+            self._keep_rendered(messages[:-1], normalised[:-1], None, tools, kwargs, windows)
+            return segments.count(text)
+        return self._keep_rendered(messages, normalised, text, tools, kwargs, windows)
+
+    def _keep_rendered(
+        self,
+        messages: list[Any],
+        normalised: list[dict[str, Any]],
+        text: str | None,
+        tools: Sequence[Mapping[str, Any]] | None,
+        kwargs: dict[str, Any],
+        windows: Windows,
+    ) -> int:
+        """Cache `messages`, rendered in full as `text` (None: rendered here), for the next request to
+        extend; return its count."""
+        segments = self._tokenizer.segments
+        assert segments is not None  # the caller counts by pieces
+        template = self._tokenizer.template
+        if text is None:
+            text = template.render(normalised, tools=tools, **kwargs)
         head = head_length(normalised)
         rewritable = tuple(
             i for i in range(head, len(normalised)) if shape(normalised[i]) in windows.rewritten
@@ -395,7 +449,7 @@ class TokenCounter:
         window = [normalised[i] for i in context(len(normalised), head, rewritable)]
         prompt = windows.prompt
         if prompt is None:
-            prompt = generation_prompt(self._tokenizer.template, window, tools, kwargs)
+            prompt = generation_prompt(template, window, tools, kwargs)
         if prompt is None or not text.endswith(prompt):
             return segments.count(text)
         stable = len(text) - len(prompt)
@@ -523,3 +577,7 @@ class TokenCounter:
                 answer,
                 truth_text,
             )
+
+
+def _ends_on_assistant(messages: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(messages) and messages[-1].get("role") == "assistant"

@@ -834,6 +834,29 @@ def test_an_agent_loop_is_counted_from_what_each_turn_adds(
     assert counter.stats.conversations == 1
 
 
+def test_requests_ending_on_the_assistant_are_counted_from_what_each_turn_adds(
+    qwen: PreTrainedTokenizerBase, qwen_dir: str
+) -> None:
+    # A prefill (the agent starts the reply) and a replayed history (the last reply sent back): the
+    # template renders the last assistant message apart, so what stays is the history before it.
+    counter, conversation = _start(qwen_dir, qwen)
+    for n in range(12):
+        _agent_turn(conversation, n, calls=1)
+        prefill = {"role": "assistant", "content": f"Step {n + 1}: next I"}
+        counted = counter.count(
+            dialects.named("chat"), {**conversation.body(), "messages": [*conversation.sent, prefill]}
+        )
+        assert counted == reference(qwen, [*conversation.rendered, prefill], conversation.tools)
+    assert counter.stats.extended == 12, "every prefilled turn extends the conversation"
+    replayed = Conversation(TOOLS)
+    replayed.add({"role": "user", "content": "Fix the failing test."})
+    for n in range(6):
+        _agent_turn(replayed, n, calls=1)
+        replayed.add({"role": "assistant", "content": f"Done with step {n}."})
+        _exact(counter, qwen, replayed)
+    assert counter.stats.extended == 12 + 5, "after its first, every replayed turn extends it too"
+
+
 def test_reasoning_a_new_user_turn_strips_is_counted_in_full(
     qwen3_style: PreTrainedTokenizerBase, qwen3_style_dir: Path
 ) -> None:
