@@ -104,6 +104,12 @@ EPILOG_STATS = """examples:
   modeltap stats --label task_id --all    one row per task, over every session
   modeltap stats --label agent --label experiment=grpo-7 --json
 --label K (no =) groups by that label; --label K=V filters, as in sessions"""
+EPILOG_DEMO = """examples:
+  modeltap demo                      a scripted model, modeltap in front, a tool-using conversation
+  modeltap demo --model-only         no model server yet? the scripted model on 127.0.0.1:8000, then:
+  modeltap serve --upstream http://127.0.0.1:8000"""
+# `demo --model-only` listens where the quickstart's `serve --upstream` looks: vLLM's default port.
+DEMO_MODEL_PORT = 8000
 EPILOG_UI = """example:
   modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
@@ -299,8 +305,21 @@ def _parser() -> argparse.ArgumentParser:
         commands,
         "demo",
         _demo,
-        "play a scripted agent conversation through modeltap",
-        "example:\n  modeltap demo",
+        "play a scripted agent conversation through modeltap, or serve only its scripted model",
+        EPILOG_DEMO,
+    )
+    demo.add_argument(
+        "--model-only",
+        action="store_true",
+        help="serve the scripted model alone, as a model server for modeltap serve to front",
+    )
+    demo.add_argument(
+        "--port",
+        type=int,
+        help=f"with --model-only: the port to listen on (default {DEMO_MODEL_PORT}; 0 picks a free one)",
+    )
+    demo.add_argument(
+        "--host", default="127.0.0.1", help="with --model-only: the address to listen on (default 127.0.0.1)"
     )
     _store_option(demo, several=False)
 
@@ -720,13 +739,20 @@ def _ui(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_app_until_signalled(app: web.Application, host: str, port: int, banner: str) -> None:
+async def _serve_app_until_signalled(
+    app: web.Application, host: str, port: int, banner: str, footer: Callable[[str], str] | None = None
+) -> None:
+    """Serve `app` until SIGINT or SIGTERM, having printed `banner`, the URL it listens on, and
+    `footer(url)` when given."""
     stop = _stop_on_signals()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
-        print(f"{banner}\n  listening on {url(host_address(host), runner.addresses[0][1])}", flush=True)
+        listening = url(host_address(host), runner.addresses[0][1])
+        print(f"{banner}\n  listening on {listening}", flush=True)
+        if footer is not None:
+            print(footer(listening), flush=True)
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -804,6 +830,25 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from modeltap.demo import run_demo
+    if args.model_only:
+        return _demo_model(args)
+    if args.port is not None:
+        raise ValueError("--port goes with --model-only (the demo itself listens on free ports)")
+    from modeltap.demo.play import run_demo
 
     return asyncio.run(run_demo(_store_path(args)))
+
+
+def _demo_model(args: argparse.Namespace) -> int:
+    from modeltap.demo.model import MODEL_BANNER, model_app, next_steps
+
+    port = DEMO_MODEL_PORT if args.port is None else args.port
+    try:
+        asyncio.run(_serve_app_until_signalled(model_app(), args.host, port, MODEL_BANNER, next_steps))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {port} is in use: give another with --port N (--port 0 picks a free one)"
+            ) from None
+        raise ValueError(f"cannot listen on {args.host}:{port}: {exc.strerror or exc}") from None
+    return 0
