@@ -107,7 +107,7 @@ def turn_text(turn: Turn, request: Any = None) -> str:
         bodies = turn.bodies
         shown = (
             ("request", bodies.request),
-            ("sent upstream (clamped)", bodies.sent),
+            (f"sent upstream ({turn.sent_because})" if turn.sent_because else "sent upstream", bodies.sent),
             ("response", bodies.response),
         )
         lines += [line for title, body in shown if body is not None for line in (f"── {title}", pretty(body))]
@@ -238,8 +238,12 @@ def _headline(turn: Turn) -> str:
 
 def _budget_text(budget: BudgetRecord) -> str:
     text = f"{budget.action}: prompt {_num(budget.prompt_tokens)} tokens"
-    if budget.field:
+    if budget.field and budget.action == "clamp":
         text += f", {budget.field} {_num(budget.requested)} → {_num(budget.allowed)}"
+    elif budget.field:
+        # An arrow would say the cap was changed: it was not, and `allowed` is only the most that fit.
+        asked = f"{budget.field} {budget.requested}" if budget.requested is not None else f"no {budget.field}"
+        text += f", {asked} (at most {_num(budget.allowed)} fit)"
     if budget.limit is not None:
         text += f" (limit {budget.limit})"
     for said in (budget.note, budget.error):

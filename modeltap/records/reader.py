@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from modeltap import __version__
-from modeltap.records import query, token_store
+from modeltap.records import query, rollups, token_store
 from modeltap.records.query import SESSION_COLUMNS, SessionQuery
 from modeltap.records.schema import SCHEMA_VERSION, connect
 
@@ -101,7 +101,7 @@ class StoreReader:
 
     def revision(self) -> int:
         """The store's latest revision: `SessionQuery(changed_after=…)` lists what changed after it."""
-        return int(self._conn.execute("SELECT COALESCE(MAX(rev), 0) FROM sessions").fetchone()[0])
+        return rollups.revision(self._conn)
 
     def session_ids(self, prefix: str, limit: int | None = None) -> list[str]:
         """Session ids starting with `prefix` (at most `limit`), so a person can type the first few

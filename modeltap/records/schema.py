@@ -83,6 +83,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     _rollups_and_references,
     # 4: token ids and token-history breaks (`serve --token-ids`)
     token_store.MIGRATION,
+    # 5: the revision counter as a row of the store, shared by every writer (rollups.py)
+    rollups.REVISION_MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

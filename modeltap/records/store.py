@@ -136,7 +136,6 @@ class RecordStore:
             migrate(conn)
         except (OSError, sqlite3.Error) as exc:
             raise RuntimeError(f"cannot open the record store {self.path.resolve()}: {exc}") from exc
-        self._rollups.start(conn)
         self._thread = threading.Thread(target=self._run, args=(conn,), name="modeltap-store", daemon=True)
         self._thread.start()
 
