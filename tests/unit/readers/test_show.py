@@ -224,4 +224,4 @@ async def test_the_sent_body_is_titled_by_what_changed_it(tmp_path: Path) -> Non
         "── sent upstream (max_tokens clamped 4096 → 100)",
         "── sent upstream (translated to chat; max_tokens clamped 4096 → 100)",
     ]
-    assert [t.as_json()["sent_because"] for t in turns(rows)][0] == "translated to chat"
+    assert turns(rows)[0].as_json()["sent_because"] == "translated to chat"
