@@ -20,6 +20,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import NoneType
 from typing import Any
 
@@ -37,7 +38,7 @@ from modeltap.readers.diff import compare, diff_text, side
 from modeltap.readers.grep import compile_pattern, hit_line, search
 from modeltap.readers.sessions import groups_table, sessions_table
 from modeltap.readers.show import session_turns, turn_text
-from modeltap.readers.stats import stats, stats_table
+from modeltap.readers.stats import covered, stats, stats_table
 from modeltap.readers.tail import follow
 from modeltap.readers.terminal import colour_wanted, emit
 from modeltap.readers.ui import viewer_app
@@ -533,10 +534,12 @@ def _stats(args: argparse.Namespace) -> int:
     query = _session_query(args, [label for label in args.label or () if "=" in label])
     with _stores(args) as stores:
         chosen = stores.selected(query)
-        groups = stats(chosen, group_by[0] if group_by else None)
+        limited = query.limit is not None and len(chosen) == query.limit
+        covers = covered(len(chosen), stores.count(query) if limited else len(chosen))
+        groups = stats(chosen, group_by[0] if group_by else None, covers)
     print(pretty(groups) if args.json else stats_table(groups))
-    if query.limit is not None and len(chosen) == query.limit:
-        print(f"(over the newest {query.limit} sessions; --limit N or --all for more)", file=sys.stderr)
+    if limited:
+        print(f"(over {covers}; --limit N or --all for more)", file=sys.stderr)
     return 0
 
 
@@ -634,8 +637,7 @@ def _export(args: argparse.Namespace) -> int:
         if args.output is None:
             skipped = _write_sessions(chosen, args, sys.stdout)
         else:
-            with open(args.output, "w", encoding="utf-8") as out:
-                skipped = _write_sessions(chosen, args, out)
+            skipped = _write_whole(Path(args.output), lambda out: _write_sessions(chosen, args, out))
     if args.output is not None or skipped:
         what = f"session {chosen[0][1]}" if not args.all else f"{len(chosen) - len(skipped)} session(s)"
         where = f" to {args.output}" if args.output is not None else ""
@@ -654,6 +656,20 @@ def _export_sessions(stores: Stores, args: argparse.Namespace) -> list[tuple[Sto
     if args.format == "har":
         raise ValueError("a HAR holds one session: name it, or give --all with another --format")
     return [(reader, session["id"]) for reader in stores.readers for session in reader.sessions()]
+
+
+def _write_whole(path: Path, write: Callable[[typing.TextIO], list[str]]) -> list[str]:
+    """`write` into `path` whole or not at all: into a file beside it, renamed over it once `write`
+    returned, so an export that fails (a session with nothing of the format) leaves no empty or
+    half-written file, and an earlier file of that name as it was."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as out:
+            written = write(out)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return written
 
 
 def _write_sessions(

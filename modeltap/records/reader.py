@@ -12,6 +12,7 @@ schema (schema.py), writing (store.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
 import zlib
@@ -83,6 +84,11 @@ class StoreReader:
         session that is not a rollout). Read from the session rows, through an index."""
         sql, args = (query or SessionQuery()).sql()
         return [_session(row) for row in self._conn.execute(sql, args)]
+
+    def count(self, query: SessionQuery | None = None) -> int:
+        """How many sessions `query` selects, its limit aside (through the same index as `sessions`)."""
+        sql, args = dataclasses.replace(query or SessionQuery(), limit=None).sql()
+        return int(self._conn.execute(f"SELECT COUNT(*) FROM ({sql})", args).fetchone()[0])
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         """One session's row, as `sessions` gives it; None when there is none."""

@@ -159,6 +159,10 @@ class Stores:
             answers.append([row | {"store": str(reader.path)} for row in reader.sessions(asked)])
         return query.merge(answers)
 
+    def count(self, query: SessionQuery) -> int:
+        """How many sessions `query` selects in every store, its limit aside."""
+        return sum(reader.count(query) for reader in self.readers)
+
     def selected(self, query: SessionQuery) -> list[tuple[StoreReader, dict[str, Any]]]:
         """The sessions `query` selects (as `sessions` gives them), each with the reader of its store,
         for a command that goes on to read their exchanges."""
