@@ -11,7 +11,6 @@ format's content.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import TextIO
 
@@ -19,7 +18,7 @@ from modeltap.exporters.har import har
 from modeltap.exporters.jsonl import jsonl
 from modeltap.exporters.messages import conversation, final_exchange
 from modeltap.exporters.tokens import token_lines
-from modeltap.records.jsontext import pretty
+from modeltap.records.jsontext import dumps, pretty
 from modeltap.records.reader import StoreReader
 
 FORMATS = ("har", "jsonl", "messages", "otlp", "tokens")
@@ -33,14 +32,14 @@ def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) ->
         for line in jsonl(reader, session_id):
             out.write(line + "\n")
     elif fmt == "messages":
-        out.write(json.dumps(conversation(reader.exchanges(session_id)), ensure_ascii=False) + "\n")
+        out.write(dumps(conversation(reader.exchanges(session_id)), compact=False) + "\n")
     elif fmt == "tokens":
         with_ids = {turn["exchange_id"] for turn in reader.token_turns(session_id) if turn["source"]}
         exchanges = [ex for ex in reader.exchanges(session_id) if ex["id"] in with_ids]
         if not exchanges:
             raise ValueError(f"session {session_id} has no token ids: record it with `serve --token-ids`")
         for record in token_lines(reader, session_id, final_exchange(exchanges, "generating")["id"]):
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.write(dumps(record, compact=False) + "\n")
     else:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
 

@@ -13,14 +13,16 @@ import json
 from typing import Any
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON that UTF-8 can always encode: text as it is, unless it holds a lone surrogate (a
-    JavaScript agent cutting an emoji in half, a header byte that is not UTF-8), which is then kept as
-    its `\\uXXXX` escape: lossless, and still what `json.loads` reads back."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def dumps(value: Any, *, compact: bool = True) -> str:
+    """JSON that UTF-8 can always encode (compact, or with json's default spacing for a line people
+    read): text as it is, unless it holds a lone surrogate (a JavaScript agent cutting an emoji in
+    half, a header byte that is not UTF-8), which is then kept as its `\\uXXXX` escape: lossless, and
+    still what `json.loads` reads back."""
+    separators = (",", ":") if compact else None
+    text = json.dumps(value, ensure_ascii=False, separators=separators)
     if text.isascii() or _encodes(text):
         return text
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=True, separators=separators)
 
 
 def safe_text(value: str | None) -> str | None:
@@ -42,8 +44,9 @@ def _encodes(text: str) -> bool:
 def pretty(value: Any) -> str:
     """`value` as indented JSON, for a person. Indenting recurses in Python, a few frames a level, so a
     body nested hundreds deep (the proxy accepts what its JSON parser does) comes out compact instead,
-    which the C encoder writes as deep as the parser read."""
+    which the C encoder writes as deep as the parser read. UTF-8 can encode it (see dumps)."""
     try:
-        return json.dumps(value, indent=2, ensure_ascii=False)
+        text = json.dumps(value, indent=2, ensure_ascii=False)
     except RecursionError:
-        return json.dumps(value, ensure_ascii=False)
+        return dumps(value, compact=False)
+    return text if text.isascii() or _encodes(text) else json.dumps(value, indent=2)
