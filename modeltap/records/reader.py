@@ -25,6 +25,12 @@ from modeltap.records import query, rollups, token_store
 from modeltap.records.query import SESSION_COLUMNS, SessionQuery
 from modeltap.records.schema import SCHEMA_VERSION, connect
 
+# The session every exchange recorded without one is listed under (a body that is not JSON, a request
+# refused before it was named): each reader lists it as a session, so `sessions --errors`, `show`,
+# `grep` and the viewer reach those exchanges too. A pseudo-session, not a row of the store, as
+# mitmproxy lists every flow: nothing is written for it, and a real session of that name wins.
+NO_SESSION_ID = "no-session"
+NO_SESSION_NOTE = "exchanges recorded without a session: bodies that are not JSON, refusals before naming"
 # Blobs a reader keeps in memory, undecoded: turn k of a session repeats the messages of the turns
 # before it, so `show` reads each once instead of once per later turn (a 30-turn session: ~60 blobs
 # of ~1 kB, not ~1,400 lookups).
@@ -82,18 +88,53 @@ class StoreReader:
         """The sessions `query` selects (default: all), newest first, each with its exchange count,
         time span, token totals, error count, model, and rollout reward and outcome (None for a
         session that is not a rollout). Read from the session rows, through an index."""
-        sql, args = (query or SessionQuery()).sql()
-        return [_session(row) for row in self._conn.execute(sql, args)]
+        query = query or SessionQuery()
+        sql, args = query.sql()
+        rows = [_session(row) for row in self._conn.execute(sql, args)]
+        unsessioned = self._unsessioned(query)
+        return rows if unsessioned is None else query.merge([rows, [unsessioned]])
+
+    def _unsessioned(self, query: SessionQuery) -> dict[str, Any] | None:
+        """The pseudo-session of the exchanges recorded without a session (NO_SESSION_ID), as a session
+        row, when there are some and `query` selects it (it has no labels, outcome or revision)."""
+        if query.labels or query.outcome or query.changed_after is not None:
+            return None
+        if query.search and not NO_SESSION_ID.startswith(query.search):
+            return None
+        row = self._conn.execute(_UNSESSIONED_SQL).fetchone()
+        if not row["exchanges"] or self._has_session(NO_SESSION_ID):
+            return None
+        created = row["first"]
+        if (query.errors and not row["errors"]) or (query.since is not None and created < query.since):
+            return None
+        if query.until is not None and created >= query.until:
+            return None
+        columns = [name.strip().removeprefix("s.") for name in SESSION_COLUMNS.split(",")]
+        out: dict[str, Any] = dict.fromkeys(columns) | dict(row)
+        return out | {
+            "id": NO_SESSION_ID,
+            "created": created,
+            "labels": {},
+            "rev": 0,
+            "note": NO_SESSION_NOTE,
+        }
+
+    def _has_session(self, session_id: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is not None
 
     def count(self, query: SessionQuery | None = None) -> int:
         """How many sessions `query` selects, its limit aside (through the same index as `sessions`)."""
-        sql, args = dataclasses.replace(query or SessionQuery(), limit=None).sql()
-        return int(self._conn.execute(f"SELECT COUNT(*) FROM ({sql})", args).fetchone()[0])
+        query = dataclasses.replace(query or SessionQuery(), limit=None)
+        sql, args = query.sql()
+        counted = int(self._conn.execute(f"SELECT COUNT(*) FROM ({sql})", args).fetchone()[0])
+        return counted + (self._unsessioned(query) is not None)
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         """One session's row, as `sessions` gives it; None when there is none."""
         row = self._conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions s WHERE id = ?", (session_id,))
         found = row.fetchone()
+        if found is None and session_id == NO_SESSION_ID:
+            return self._unsessioned(SessionQuery())
         return None if found is None else _session(found)
 
     def groups(self, label: str) -> list[dict[str, Any]]:
@@ -114,7 +155,11 @@ class StoreReader:
         characters."""
         low, high = query.id_range(prefix)
         sql = "SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
-        return [row[0] for row in self._conn.execute(sql, (low, high, -1 if limit is None else limit))]
+        ids = [row[0] for row in self._conn.execute(sql, (low, high, -1 if limit is None else limit))]
+        if NO_SESSION_ID.startswith(prefix) and NO_SESSION_ID not in ids:
+            if self._unsessioned(SessionQuery()) is not None:
+                ids = sorted([*ids, NO_SESSION_ID])[: limit if limit is not None else None]
+        return ids
 
     def exchanges(
         self,
@@ -130,8 +175,9 @@ class StoreReader:
         sql = f"SELECT {columns} FROM exchanges WHERE seq > ?"
         args: list[Any] = [after_seq]
         if session_id is not None:
-            sql += " AND session_id = ?"
-            args.append(session_id)
+            clause, more = self._of_session(session_id)
+            sql += f" AND {clause}"
+            args += more
         sql += " ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
@@ -144,16 +190,24 @@ class StoreReader:
         sql = f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges"
         args: list[Any] = []
         if session_id is not None:
-            sql += " WHERE session_id = ?"
-            args.append(session_id)
+            clause, more = self._of_session(session_id)
+            sql += f" WHERE {clause}"
+            args += more
         with self._snapshot():
             rows = self._conn.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, count)).fetchall()
             return [self._row(row, True) for row in reversed(rows)]
 
     def turn_number(self, session_id: str, seq: int) -> int:
         """The number (from 1) of exchange `seq` among its session's turns."""
-        sql = "SELECT COUNT(*) FROM exchanges WHERE session_id = ? AND seq <= ?"
-        return int(self._conn.execute(sql, (session_id, seq)).fetchone()[0])
+        clause, args = self._of_session(session_id)
+        sql = f"SELECT COUNT(*) FROM exchanges WHERE {clause} AND seq <= ?"
+        return int(self._conn.execute(sql, (*args, seq)).fetchone()[0])
+
+    def _of_session(self, session_id: str) -> tuple[str, list[Any]]:
+        """The WHERE clause of a session's exchanges: the pseudo-session's are those with none."""
+        if session_id == NO_SESSION_ID and not self._has_session(NO_SESSION_ID):
+            return "session_id IS NULL", []
+        return "session_id = ?", [session_id]
 
     def exchange(self, exchange_id: str) -> dict[str, Any] | None:
         with self._snapshot():
@@ -259,6 +313,16 @@ class StoreReader:
             if len(self._texts) > READER_BLOBS_MAX:
                 self._texts.pop(next(iter(self._texts)))
         return json.loads(text)
+
+
+# The pseudo-session's totals, through the index of exchanges by session (NULL session ids included).
+_UNSESSIONED_SQL = """
+    SELECT COUNT(*) AS exchanges, MIN(started) AS first, MAX(COALESCE(ended, started)) AS last,
+           SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens,
+           COALESCE(SUM(error_class IS NOT NULL), 0) AS errors,
+           (SELECT model FROM exchanges WHERE session_id IS NULL AND model IS NOT NULL
+            ORDER BY seq DESC LIMIT 1) AS model
+    FROM exchanges WHERE session_id IS NULL"""
 
 
 def _session(row: sqlite3.Row) -> dict[str, Any]:
