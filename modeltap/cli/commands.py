@@ -40,7 +40,7 @@ from modeltap.readers.sessions import groups_table, sessions_table
 from modeltap.readers.show import session_turns, turn_text
 from modeltap.readers.stats import covered, stats, stats_table
 from modeltap.readers.tail import follow
-from modeltap.readers.terminal import colour_wanted, emit
+from modeltap.readers.terminal import colour_wanted, emit, say
 from modeltap.readers.ui import viewer_app
 from modeltap.records.exchange import OUTCOMES
 from modeltap.records.jsontext import pretty
@@ -521,7 +521,7 @@ def _sessions(args: argparse.Namespace) -> int:
     if args.json:
         print(pretty(rows))
         return 0
-    print(sessions_table(rows, with_store=several))
+    say(sessions_table(rows, with_store=several))
     if query.limit is not None and len(rows) == query.limit:
         print(f"(the newest {query.limit}; --limit N or --all for more)")
     return 0
@@ -537,7 +537,7 @@ def _stats(args: argparse.Namespace) -> int:
         limited = query.limit is not None and len(chosen) == query.limit
         covers = covered(len(chosen), stores.count(query) if limited else len(chosen))
         groups = stats(chosen, group_by[0] if group_by else None, covers)
-    print(pretty(groups) if args.json else stats_table(groups))
+    say(pretty(groups) if args.json else stats_table(groups))
     if limited:
         print(f"(over {covers}; --limit N or --all for more)", file=sys.stderr)
     return 0
@@ -567,14 +567,14 @@ def _grep(args: argparse.Namespace) -> int:
 def _groups(args: argparse.Namespace) -> int:
     with _stores(args) as stores:
         rows = stores.groups(args.label)
-    print(pretty(rows) if args.json else groups_table(rows))
+    say(pretty(rows) if args.json else groups_table(rows))
     return 0
 
 
 def _diff(args: argparse.Namespace) -> int:
     with _stores(args) as stores:
         result = compare(side(stores, args.a), side(stores, args.b))
-    print(pretty(result) if args.json else diff_text(result))
+    say(pretty(result) if args.json else diff_text(result))
     return 1 if result["differs"] else 0
 
 
@@ -711,7 +711,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"session": session_id, "replay_session": replayed, "turns": comparisons}, indent=2))
     else:
-        print(comparison_text(comparisons) + f"\nrecorded as session {replayed}: modeltap show {replayed}")
+        say(comparison_text(comparisons) + f"\nrecorded as session {replayed}: modeltap show {replayed}")
     return 1 if any(c["differs"] for c in comparisons) else 0
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from modeltap.readers.sessions import rollout_lines
 from modeltap.readers.text import num as _num
+from modeltap.readers.text import printable
 from modeltap.readers.text import short as _short
 from modeltap.readers.text import when as _when
 from modeltap.records.continuity import IdWindow
@@ -115,9 +116,11 @@ def turn_text(turn: Turn, request: Any = None) -> str:
 
 
 def tail_line(turn: Turn) -> str:
-    """One exchange on one line, as `modeltap tail` prints it."""
+    """One exchange on one line, as `modeltap tail` and serve's line per exchange print it, its
+    control characters escaped (text.printable)."""
     number = f"#{turn.number}" if turn.number is not None else ""
-    return f"{_when(turn.started)}  {turn.session_id or '-'} {number}  " + _headline(turn)
+    line = f"{_when(turn.started)}  {turn.session_id or '-'} {number}  " + _headline(turn)
+    return printable(line, lines=False)
 
 
 def _turn_lines(turn: Turn, width: int | None, *, tools: Any = None, seen: _Seen | None = None) -> list[str]:

@@ -12,7 +12,6 @@ reading (records/reader.py).
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from modeltap.readers.show import tail_line
+from modeltap.records.jsontext import dumps, for_terminal
 from modeltap.records.reader import StoreReader
 from modeltap.records.schema import SCHEMA_VERSION, connect
 from modeltap.records.turns import turn_record
@@ -148,7 +148,7 @@ def _print(one: _Followed, row: dict[str, Any], as_json: bool, out: TextIO) -> N
         one.numbers[session] = number
     turn = turn_record(row, number)
     if as_json:
-        line = json.dumps(turn.as_json() | ({"store": one.name} if one.name else {}), ensure_ascii=False)
+        line = for_terminal(dumps(turn.as_json() | ({"store": one.name} if one.name else {}), compact=False))
     else:
         line = (f"[{one.name}] " if one.name else "") + tail_line(turn)
     out.write(line + "\n")

@@ -10,6 +10,7 @@ stored (store.py, rollups.py).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
@@ -41,12 +42,23 @@ def _encodes(text: str) -> bool:
     return True
 
 
+# What JSON leaves as it is that a terminal obeys: DEL and the C1 controls (json escapes C0 itself).
+_JSON_UNESCAPED_CONTROLS = re.compile("[\x7f-\x9f]")
+
+
+def for_terminal(text: str) -> str:
+    """JSON text with DEL and the C1 controls written as `\\u` escapes, as it already writes C0: the
+    same JSON value, which a terminal shows instead of obeying (they occur only inside strings)."""
+    return _JSON_UNESCAPED_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def pretty(value: Any) -> str:
     """`value` as indented JSON, for a person. Indenting recurses in Python, a few frames a level, so a
-    body nested hundreds deep (the proxy accepts what its JSON parser does) comes out compact instead,
-    which the C encoder writes as deep as the parser read. UTF-8 can encode it (see dumps)."""
+        body nested hundreds deep (the proxy accepts what its JSON parser does) comes out compact instead,
+        which the C encoder writes as deep as the parser read. UTF-8 can encode it (see dumps), and no
+    control character is left unescaped (for_terminal)."""
     try:
         text = json.dumps(value, indent=2, ensure_ascii=False)
     except RecursionError:
-        return dumps(value, compact=False)
-    return text if text.isascii() or _encodes(text) else json.dumps(value, indent=2)
+        return for_terminal(dumps(value, compact=False))
+    return for_terminal(text) if text.isascii() or _encodes(text) else json.dumps(value, indent=2)
