@@ -448,7 +448,11 @@ def _prune_patterns(args: argparse.Namespace) -> list[str]:
 
 
 def _stores(args: argparse.Namespace) -> Stores:
-    return Stores.open(_store_patterns(args))
+    """The stores a reader reads; each one skipped among several is said in one line on stderr."""
+    stores = Stores.open(_store_patterns(args))
+    for line in stores.refused:
+        print(f"modeltap {args.command}: {line}", file=sys.stderr)
+    return stores
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from modeltap.readers.show import tail_line
 from modeltap.records.jsontext import dumps, for_terminal
-from modeltap.records.reader import StoreReader
+from modeltap.records.reader import StoreReader, StoreUnreadable
 from modeltap.records.schema import SCHEMA_VERSION, connect
 from modeltap.records.turns import turn_record
 
@@ -46,6 +46,7 @@ class _Followed:
     numbers: dict[str, int] = field(default_factory=dict)
     said_waiting: bool = False
     said_awaiting: bool = False
+    refused: bool = False
 
 
 def follow(
@@ -68,6 +69,8 @@ def follow(
     try:
         while True:
             for one in followed:
+                if one.refused:
+                    continue
                 if one.reader is None:
                     _open(one, session, history, as_json, out)
                 elif one.awaited is not None:
@@ -94,6 +97,15 @@ def _open(one: _Followed, session: str | None, history: int, as_json: bool, out:
                 file=sys.stderr,
             )
             one.said_waiting = True
+        return
+    except StoreUnreadable as exc:
+        # Not a records database, or not one modeltap made: waiting will not change it. Alone it ends
+        # the tail; among several it is skipped, said once.
+        if one.name is None:
+            raise
+        if not one.refused:
+            print(f"modeltap tail: skipped: {exc}", file=sys.stderr)
+            one.refused = True
         return
     except RuntimeError:
         if one.path.exists() and _newer_schema(one.path):

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 from modeltap import __version__
 from modeltap.records import query, rollups, token_store
 from modeltap.records.query import SESSION_COLUMNS, SessionQuery
-from modeltap.records.schema import SCHEMA_VERSION, connect
+from modeltap.records.schema import SCHEMA_VERSION, connect, made_objects, objects
 
 # The session every exchange recorded without one is listed under (a body that is not JSON, a request
 # refused before it was named): each reader lists it as a session, so `sessions --errors`, `show`,
@@ -35,6 +36,76 @@ NO_SESSION_NOTE = "exchanges recorded without a session: bodies that are not JSO
 # before it, so `show` reads each once instead of once per later turn (a 30-turn session: ~60 blobs
 # of ~1 kB, not ~1,400 lookups).
 READER_BLOBS_MAX = 4096
+
+# The longest any one statement of a reader may run: the slowest a reader runs on a store at a
+# training run's scale takes well under a second (docs/performance.md), so one past this is a store
+# built to hang its readers, or a disk gone bad. Checked every PROGRESS_STEPS of SQLite's VM.
+QUERY_TIMEOUT_S = 30.0
+PROGRESS_STEPS = 10_000
+
+
+class StoreUnreadable(RuntimeError):
+    """A records database a reader refuses or cannot go on reading: not a database, damaged, not one
+    modeltap made (objects it did not make), or a statement past QUERY_TIMEOUT_S. Its message names
+    the file, in one line."""
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose every failure, while executing or fetching, is a StoreUnreadable naming the file."""
+
+    connection: _Connection
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        self.connection.deadline = time.monotonic() + self.connection.timeout_s
+        with self.connection.guarded():
+            super().execute(sql, parameters)
+        return self
+
+    def fetchone(self) -> Any:
+        with self.connection.guarded():
+            return super().fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self.connection.guarded():
+            return super().fetchall()
+
+    def __next__(self) -> Any:
+        with self.connection.guarded():
+            return super().__next__()
+
+
+class _Connection(sqlite3.Connection):
+    """A reader's connection: each statement runs on a `_Cursor` and stops past its deadline, or at
+    once after `interrupt` (a viewer stopping on SIGTERM)."""
+
+    path = Path()
+    deadline = 0.0
+    timeout_s = QUERY_TIMEOUT_S
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        return self.cursor(_Cursor).execute(sql, parameters)
+
+    def watch(self, path: Path) -> None:
+        self.path = path
+        self.set_progress_handler(self._past_deadline, PROGRESS_STEPS)
+
+    def _past_deadline(self) -> int:
+        return int(time.monotonic() > self.deadline)
+
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "interrupted" not in str(exc):
+                raise StoreUnreadable(f"records database {self.path} cannot be read: {exc}") from None
+            raise StoreUnreadable(
+                f"records database {self.path}: a query was stopped (past {self.timeout_s:.0f} s, or "
+                "the reader is stopping)"
+            ) from None
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnreadable(f"records database {self.path} cannot be read: {exc}") from None
+
 
 _SUMMARY_COLUMNS = (
     "seq, id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
@@ -58,22 +129,49 @@ class StoreReader:
                 f"no records database at {path} (give --store PATH or set MODELTAP_STORE)"
             )
         self.path = path
-        self._conn = connect(path, readonly=True)
+        try:
+            conn = connect(path, readonly=True, factory=_Connection)
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnreadable(f"records database {path} cannot be opened: {exc}") from None
+        assert isinstance(conn, _Connection)
+        conn.watch(path)
+        self._conn = conn
         self._texts: dict[str, bytes] = {}
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            self._check()
+        except BaseException:
+            conn.close()
+            raise
+
+    def _check(self) -> None:
+        """Refuse a database this release does not read: not modeltap's schema version, or holding
+        objects modeltap does not make (a view named `sessions` whose recursive query never ends)."""
+        path = self.path
+        try:
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        except StoreUnreadable:
+            raise StoreUnreadable(f"{path} is not a records database (not SQLite, or damaged)") from None
         if version > SCHEMA_VERSION:
-            self._conn.close()
             raise RuntimeError(
                 f"records database {path} has schema version {version}, newer than this modeltap "
                 f"({__version__}, schema {SCHEMA_VERSION}) reads: upgrade modeltap to read it"
             )
         if version < SCHEMA_VERSION:
-            self._conn.close()
             raise RuntimeError(
                 f"records database {path} has schema version {version}, older than this modeltap's "
                 f"{SCHEMA_VERSION}; it is upgraded in place on its next write: run `modeltap vacuum --store "
                 f"{path}` once (or `modeltap serve --store {path}`)"
             )
+        found, made = objects(self._conn), made_objects()
+        if found != made:
+            odd = sorted(f"{kind} {name}" for kind, name in found ^ made)
+            raise StoreUnreadable(
+                f"{path} is not a records database modeltap made: its schema differs ({', '.join(odd[:5])})"
+            )
+
+    def interrupt(self) -> None:
+        """Stop the statement running on this reader, from any thread: it raises StoreUnreadable."""
+        self._conn.interrupt()
 
     def close(self) -> None:
         self._conn.close()
