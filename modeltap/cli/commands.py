@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from modeltap import __version__
-from modeltap.cli.completion import SHELLS, script
+from modeltap.cli.completion import SESSION_METAVAR, SHELLS, script
 from modeltap.compat import doctor
 from modeltap.exporters.export import FORMATS, send_otlp, write_export
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
@@ -67,6 +67,7 @@ EPILOG_DIFF = """example:
   modeltap diff s-3f2a s-9c1e       where a failed and a passed sample of one task part ways
 exit status 0 when the model traffic is the same, 1 when it differs, 2 on error (as diff)"""
 EPILOG_PRUNE = """examples:
+  modeltap prune --before 7d --dry-run              what would go: the sessions, exchanges and bytes
   modeltap prune --before 7d                        sessions last active more than a week ago
   modeltap prune --keep-last 1000 --label experiment=grpo-7
 safe while `modeltap serve` writes; then `modeltap vacuum` gives the space back"""
@@ -109,6 +110,8 @@ EPILOG_DEMO = """examples:
   modeltap demo                      a scripted model, modeltap in front, a tool-using conversation
   modeltap demo --model-only         no model server yet? the scripted model on 127.0.0.1:8000, then:
   modeltap serve --upstream http://127.0.0.1:8000"""
+# The sessions a dry run names, newest first, before "… and N more".
+DRY_RUN_LISTED = 20
 # `demo --model-only` listens where the quickstart's `serve --upstream` looks: vLLM's default port.
 DEMO_MODEL_PORT = 8000
 EPILOG_UI = """example:
@@ -165,6 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     _filter_options(sessions)
     _store_option(sessions)
     _json_option(sessions)
+    sessions.add_argument("--ids", action="store_true", help="only the ids, one a line (what TAB completes)")
 
     groups = _command(
         commands,
@@ -205,20 +209,22 @@ def _parser() -> argparse.ArgumentParser:
     _json_option(stats_)
 
     show = _command(commands, "show", _show, "show a session turn by turn: what each turn added", EPILOG_SHOW)
-    show.add_argument("session", help="session id, or its first characters")
+    show.add_argument("session", metavar=SESSION_METAVAR, help="session id, or its first characters")
     show.add_argument("turn", nargs="?", type=int, help="one turn (from 1), shown in full")
     show.add_argument("--full", action="store_true", help="with the full request and response bodies")
     _store_option(show)
     _json_option(show)
 
     diff = _command(commands, "diff", _diff, "where two sessions part ways, turn by turn", EPILOG_DIFF)
-    diff.add_argument("a", help="a session id, or its first characters")
-    diff.add_argument("b", help="the session to compare it with")
+    diff.add_argument("a", metavar=SESSION_METAVAR, help="a session id, or its first characters")
+    diff.add_argument("b", metavar=SESSION_METAVAR, help="the session to compare it with")
     _store_option(diff)
     _json_option(diff)
 
     tail = _command(commands, "tail", _tail, "follow exchanges live as they are recorded", EPILOG_TAIL)
-    tail.add_argument("--session", help="only this session (id, or its first characters)")
+    tail.add_argument(
+        "--session", metavar=SESSION_METAVAR, help="only this session (id, or its first characters)"
+    )
     tail.add_argument(
         "-n", "--lines", type=int, default=10, help="recorded exchanges to print first (default 10)"
     )
@@ -232,7 +238,9 @@ def _parser() -> argparse.ArgumentParser:
         "write a session as HAR, JSON lines, SFT messages or token ids, or send it to a tracing backend",
         EPILOG_EXPORT,
     )
-    export.add_argument("session", nargs="?", help="session id, or its first characters")
+    export.add_argument(
+        "session", nargs="?", metavar=SESSION_METAVAR, help="session id, or its first characters"
+    )
     export.add_argument("--all", action="store_true", help="every session, one after another (all but har)")
     export.add_argument("--format", choices=FORMATS, default="har", help="output format (default har)")
     export.add_argument("-o", "--output", help="file to write (default stdout)")
@@ -242,7 +250,7 @@ def _parser() -> argparse.ArgumentParser:
     replay_ = _command(
         commands, "replay", _replay, "re-send a session to another upstream and compare", EPILOG_REPLAY
     )
-    replay_.add_argument("session", help="session id, or its first characters")
+    replay_.add_argument("session", metavar=SESSION_METAVAR, help="session id, or its first characters")
     _config_flags(replay_, ("upstream", "layout", "upstream_key"))
     replay_.add_argument("--turn", type=int, help="only this turn (from 1)")
     _store_option(replay_)
@@ -252,7 +260,9 @@ def _parser() -> argparse.ArgumentParser:
         commands, "mock", _mock, "serve recorded responses as a deterministic upstream", EPILOG_MOCK
     )
     mock.add_argument(
-        "--session", help="serve this session in turn order (default: every session, exact bodies)"
+        "--session",
+        metavar=SESSION_METAVAR,
+        help="serve this session in turn order (default: every session, exact bodies)",
     )
     mock.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     mock.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
@@ -282,6 +292,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     prune_.add_argument(
         "--label", action="append", metavar="K=V", help="only sessions with this label; repeatable"
+    )
+    prune_.add_argument(
+        "--dry-run", action="store_true", help="delete nothing: say which sessions and how much would go"
     )
     _store_option(prune_)
 
@@ -522,6 +535,9 @@ def _sessions(args: argparse.Namespace) -> int:
     query = _session_query(args)
     with _stores(args) as stores:
         rows, several = stores.sessions(query), stores.several
+    if args.ids:
+        say("\n".join(dict.fromkeys(row["id"] for row in rows)))
+        return 0
     if args.json:
         print(pretty(rows))
         return 0
@@ -586,8 +602,19 @@ def _prune(args: argparse.Namespace) -> int:
     labels = [parse_label(label) for label in args.label or ()]
     before = parse_when(args.before) if args.before else None
     for path in expand(_prune_patterns(args)):
-        freed = prune(path, before=before, keep_last=args.keep_last, labels=labels)
+        freed = prune(path, before=before, keep_last=args.keep_last, labels=labels, dry_run=args.dry_run)
         print(f"{path}: {freed.text()}")
+        shown = freed.session_ids[:DRY_RUN_LISTED]
+        more = len(freed.session_ids) - len(shown)
+        if shown:
+            say(
+                "\n".join(
+                    [
+                        *(f"  {session_id}" for session_id in shown),
+                        *([f"  … and {more} more"] if more else []),
+                    ]
+                )
+            )
     return 0
 
 

@@ -413,6 +413,11 @@ class StoreReader:
         return json.loads(text)
 
 
+def is_unsessioned(row: dict[str, Any]) -> bool:
+    """Whether a session row is the pseudo-session of the exchanges recorded without one."""
+    return row["id"] == NO_SESSION_ID and row.get("note") == NO_SESSION_NOTE
+
+
 # The pseudo-session's totals, through the index of exchanges by session (NULL session ids included).
 _UNSESSIONED_SQL = """
     SELECT COUNT(*) AS exchanges, MIN(started) AS first, MAX(COALESCE(ended, started)) AS last,

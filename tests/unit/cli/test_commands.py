@@ -263,6 +263,9 @@ async def test_prune_and_vacuum_report_what_they_freed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     one, two = await _two_nodes(tmp_path)
+    assert main(["prune", "--store", str(one), "--before", "1970-01-02", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{one}: would prune 2 session(s)") and out[1:] == ["  s-fail", "  s-pass"]
     assert main(["prune", "--store", str(tmp_path / "n*" / "records.db"), "--before", "1970-01-02"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{one}: pruned 2 session(s)") and out[1].startswith(
