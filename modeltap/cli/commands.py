@@ -528,6 +528,7 @@ def _session_query(args: argparse.Namespace, labels: Sequence[str] | None = None
         since=parse_when(args.since) if args.since else None,
         until=parse_when(args.until) if args.until else None,
         limit=None if args.all else args.limit,
+        unsessioned=True,
     )
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from modeltap.records import rollups, token_store
 from modeltap.records.query import SessionQuery
-from modeltap.records.reader import StoreReader, is_unsessioned
+from modeltap.records.reader import StoreReader
 from modeltap.records.schema import connect, migrate, wal_path
 
 if TYPE_CHECKING:
@@ -163,9 +163,6 @@ def _chosen(
     """The ids of the sessions to delete, read before any is deleted."""
     with StoreReader(path) as reader:
         sessions = reader.sessions(SessionQuery(labels=labels))  # newest first
-    # The exchanges recorded without a session are listed as one (reader.NO_SESSION_ID) but are no
-    # session's to delete: their blobs are never pruned either (references.NO_SESSION).
-    sessions = [s for s in sessions if not is_unsessioned(s)]
     if keep_last is not None:
         return [s["id"] for s in sessions[keep_last:]]
     return [s["id"] for s in sessions if (s["last"] or s["created"]) < (before or 0.0)]

@@ -194,8 +194,9 @@ class StoreReader:
 
     def _unsessioned(self, query: SessionQuery) -> dict[str, Any] | None:
         """The pseudo-session of the exchanges recorded without a session (NO_SESSION_ID), as a session
-        row, when there are some and `query` selects it (it has no labels, outcome or revision)."""
-        if query.labels or query.outcome or query.changed_after is not None:
+        row, when there are some and `query` asks for it and selects it (it has no labels, outcome or
+        revision)."""
+        if not query.unsessioned or query.labels or query.outcome or query.changed_after is not None:
             return None
         if query.search and not NO_SESSION_ID.startswith(query.search):
             return None
@@ -232,7 +233,7 @@ class StoreReader:
         row = self._conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions s WHERE id = ?", (session_id,))
         found = row.fetchone()
         if found is None and session_id == NO_SESSION_ID:
-            return self._unsessioned(SessionQuery())
+            return self._unsessioned(SessionQuery(unsessioned=True))
         return None if found is None else _session(found)
 
     def groups(self, label: str) -> list[dict[str, Any]]:
@@ -255,7 +256,7 @@ class StoreReader:
         sql = "SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
         ids = [row[0] for row in self._conn.execute(sql, (low, high, -1 if limit is None else limit))]
         if NO_SESSION_ID.startswith(prefix) and NO_SESSION_ID not in ids:
-            if self._unsessioned(SessionQuery()) is not None:
+            if self._unsessioned(SessionQuery(unsessioned=True)) is not None:
                 ids = sorted([*ids, NO_SESSION_ID])[: limit if limit is not None else None]
         return ids
 
@@ -411,11 +412,6 @@ class StoreReader:
             if len(self._texts) > READER_BLOBS_MAX:
                 self._texts.pop(next(iter(self._texts)))
         return json.loads(text)
-
-
-def is_unsessioned(row: dict[str, Any]) -> bool:
-    """Whether a session row is the pseudo-session of the exchanges recorded without one."""
-    return row["id"] == NO_SESSION_ID and row.get("note") == NO_SESSION_NOTE
 
 
 # The pseudo-session's totals, through the index of exchanges by session (NULL session ids included).

@@ -174,6 +174,7 @@ def port_free(port: int) -> Iterator[None]:
     yield
 
 
+@pytest.mark.timeout(MAKE_DEMO_TIMEOUT_S + 60)
 def test_make_demo_from_a_copy_of_the_repository(user: User) -> None:
     """The README's first command: only the openai SDK and opencode installed, the demo played."""
     commands = block(quickstart(), "bash", "make demo")
@@ -245,7 +246,7 @@ def _upstream(user: User, kind: str) -> Iterator[None]:
             server.stop()
         return
     script = (
-        "python -c 'from aiohttp import web; from modeltap.demo.model import model_app; "
+        "python -u -c 'from aiohttp import web; from modeltap.demo.model import model_app; "
         f'web.run_app(model_app(areal_layout=True), host="127.0.0.1", port={UPSTREAM_PORT})\''
     )
     with user.background(script, ready="Running on"):

@@ -200,6 +200,7 @@ def _query(params: Any) -> SessionQuery:
             errors=params.get("errors") == "1",
             sort=sort if sort in SORTS else "time",
             limit=limit,
+            unsessioned=True,
         )
     except ValueError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None

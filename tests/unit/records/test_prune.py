@@ -237,7 +237,7 @@ async def test_a_dry_run_says_what_a_prune_would_free_and_deletes_nothing(
     would = prune(path, before=before, keep_last=keep_last, dry_run=True)
     assert would.dry_run and blobs(path) == before_blobs
     with StoreReader(path) as reader:
-        assert len(reader.sessions()) == 4  # three and the unsessioned exchanges' pseudo-session
+        assert len(reader.sessions()) == 3
     done = prune(path, before=before, keep_last=keep_last)
     assert (would.sessions, would.exchanges, would.blobs, would.bytes) == (
         done.sessions,

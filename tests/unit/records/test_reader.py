@@ -35,18 +35,26 @@ async def store(tmp_path: Path) -> Path:
 
 async def test_exchanges_without_a_session_are_a_session_of_their_own(tmp_path: Path) -> None:
     path = await store(tmp_path)
+    listed = SessionQuery(unsessioned=True)
     with StoreReader(path) as reader:
-        newest, oldest = reader.sessions()
+        newest, oldest = reader.sessions(listed)
         assert (newest["id"], newest["exchanges"], newest["errors"], oldest["id"]) == (
             NO_SESSION_ID,
             1,
             1,
             "s-1",
         )
-        assert [row["id"] for row in reader.sessions(SessionQuery(errors=True))] == [NO_SESSION_ID]
-        assert reader.sessions(SessionQuery(labels=(("task_id", "t1"),)))[0]["id"] == "s-1"
-        assert [row["id"] for row in reader.sessions(SessionQuery(limit=1))] == [NO_SESSION_ID]
-        assert reader.sessions(SessionQuery(since=600.0)) == [] and reader.count() == 2
+        failed = SessionQuery(errors=True, unsessioned=True)
+        assert [row["id"] for row in reader.sessions(failed)] == [NO_SESSION_ID]
+        labelled = SessionQuery(labels=(("task_id", "t1"),), unsessioned=True)
+        assert [row["id"] for row in reader.sessions(labelled)] == ["s-1"]
+        newest_only = SessionQuery(limit=1, unsessioned=True)
+        assert [row["id"] for row in reader.sessions(newest_only)] == [NO_SESSION_ID]
+        assert (
+            reader.sessions(SessionQuery(since=600.0, unsessioned=True)) == [] and reader.count(listed) == 2
+        )
+        # A library caller asks for it: by default, only the sessions the store holds.
+        assert [row["id"] for row in reader.sessions()] == ["s-1"] and reader.count() == 1
         [lost] = reader.exchanges(NO_SESSION_ID)
         assert lost["error_class"] == "client_error" and lost["request"] == "this is not json"
         assert reader.session(NO_SESSION_ID)["errors"] == 1
