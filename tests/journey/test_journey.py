@@ -39,6 +39,15 @@ RAN: set[str] = set()
 # Lines of a block the journey does not run, with why.
 NOT_RUN = {"make test": "the journey is one of the tiers it runs"}
 MAKE_DEMO_TIMEOUT_S = 900
+# Where a machine names the CA bundles its HTTPS clients trust (npm's, pip's, curl's, OpenSSL's).
+TLS_VARIABLES = (
+    "NODE_EXTRA_CA_CERTS",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+)
 # What the quickstart's snippets name: the upstream's port and the model it serves.
 UPSTREAM_PORT = 8000
 MODEL = "Qwen2.5-Coder-7B-Instruct"
@@ -105,6 +114,8 @@ class User:
             "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
             "npm_config_cache": os.environ.get("npm_config_cache", str(Path.home() / ".npm")),
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            # The machine's TLS set-up (the CA bundle its registries' certificates chain to), as a user has it
+            **{name: os.environ[name] for name in TLS_VARIABLES if name in os.environ},
         }
 
     def sh(self, script: str, *, cwd: Path | None = None, timeout: float = 120) -> str:
