@@ -22,7 +22,7 @@ TEST_TIERS :=
 
 help:
 	@echo "make test    install everything (venv, agent CLIs, dockerd, chromium) and run every tier: lint test-pytest $(TEST_TIERS)"
-	@echo "make demo    install the venv and the agent CLIs and run 'modeltap demo'"
+	@echo "make demo    install only what the demo uses (the openai SDK, opencode) and run 'modeltap demo'"
 	@echo "make lint    ruff check, ruff format --check, mypy --strict on the package"
 	@echo "make bench   modeltap side by side with its peers, and its store at 1M exchanges (benchmarks/README.md)"
 	@echo "make setup   only the set-up (targets: venv, agents, dockerd, chromium)"
@@ -50,5 +50,6 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-demo: venv agents
+# Only what the demo plays: the openai SDK (the demo extra) and opencode, not the test set-up.
+demo: demo-venv demo-agents
 	$(VENV)/bin/modeltap demo

@@ -1,5 +1,8 @@
 # Set-up for the tests and the demo. Each step is idempotent, and instant once done (stamp files):
 #   venv     .venv with `pip install -e '.[test]'`; redone when pyproject.toml changes
+#   demo-venv  .venv with only what `modeltap demo` uses: `pip install -e '.[demo]'` (the openai SDK);
+#            nothing more when the test venv is already there
+#   demo-agents  opencode alone from npm into $(NPM_PREFIX): the one agent CLI the demo drives
 #   agents   opencode, Claude Code, Codex CLI and Qwen Code from npm into $(NPM_PREFIX), and
 #            mini-swe-agent from PyPI into its own venv $(MINI_VENV) (versions: docs/agents.md §1)
 #   dockerd  docker.io from apt when missing, dockerd started when not answering (checked every time)
@@ -21,7 +24,10 @@ MINI_STAMP := $(MINI_VENV)/.modeltap-installed
 VENV_STAMP := $(VENV)/.modeltap-installed
 AGENTS_STAMP := $(NPM_PREFIX)/.installed-opencode-$(OPENCODE_VERSION)-claude-code-$(CLAUDE_CODE_VERSION)-codex-$(CODEX_VERSION)-qwen-code-$(QWEN_CODE_VERSION)
 
-.PHONY: setup venv agents dockerd chromium zsh
+DEMO_STAMP := $(VENV)/.modeltap-demo-installed
+OPENCODE_STAMP := $(NPM_PREFIX)/.installed-opencode-$(OPENCODE_VERSION)
+
+.PHONY: setup venv demo-venv agents demo-agents dockerd chromium zsh
 
 setup: venv agents dockerd chromium zsh
 
@@ -32,11 +38,26 @@ $(VENV_STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
+demo-venv: $(DEMO_STAMP)
+
+# The test extra holds the demo's: a venv `make venv` made (and kept up to date) serves the demo as it is.
+$(DEMO_STAMP): pyproject.toml
+	if [ -f $(VENV_STAMP) ] && [ $(VENV_STAMP) -nt pyproject.toml ]; then :; else \
+	    $(PYTHON) -m venv $(VENV) && \
+	    $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[demo]'; fi
+	touch $@
+
 agents: $(AGENTS_STAMP) $(MINI_STAMP)
 
 $(AGENTS_STAMP):
 	scripts/install-agents.sh $(NPM_PREFIX) opencode-ai@$(OPENCODE_VERSION) @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) \
 	    @openai/codex@$(CODEX_VERSION) @qwen-code/qwen-code@$(QWEN_CODE_VERSION)
+	touch $@
+
+demo-agents: $(OPENCODE_STAMP)
+
+$(OPENCODE_STAMP):
+	if [ -f $(AGENTS_STAMP) ]; then :; else scripts/install-agents.sh $(NPM_PREFIX) opencode-ai@$(OPENCODE_VERSION); fi
 	touch $@
 
 $(MINI_STAMP): requirements/mini-swe-agent.txt

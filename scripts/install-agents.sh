@@ -8,7 +8,8 @@
 # from outside the npm registry (docs/agents.md §3.1, §4.1, §6.1, §7.1). opencode's postinstall runs
 # `opencode --version` with $HOME and leaves folders there, so the install runs with a scratch HOME;
 # the user's npm cache and npmrc are passed explicitly so that scratch HOME changes nothing else.
-# Afterwards each binary is run once (offline, scratch HOME) to prove it starts.
+# Afterwards each binary installed is run once (offline, scratch HOME) to prove it starts. `make demo`
+# installs opencode alone; `make agents` all four.
 set -euo pipefail
 
 prefix=$1
@@ -29,7 +30,17 @@ HOME=$scratch_home npm install --prefix "$prefix" --cache "$real_cache" "${userc
 # Smoke run: offline flags from docs/agents.md §3.2, §4.1, §6.2, §7.2 so that no binary reaches for the
 # network. CODEX_HOME must exist (§6.2).
 mkdir -p "$scratch_home/.codex"
-for bin in opencode claude codex qwen; do
+bins=()
+for package in "$@"; do
+    case ${package%@*} in
+        opencode-ai) bins+=(opencode) ;;
+        @anthropic-ai/claude-code) bins+=(claude) ;;
+        @openai/codex) bins+=(codex) ;;
+        @qwen-code/qwen-code) bins+=(qwen) ;;
+        *) echo "install-agents: no smoke run known for $package" >&2; exit 1 ;;
+    esac
+done
+for bin in "${bins[@]}"; do
     version=$(HOME=$scratch_home XDG_CONFIG_HOME=$scratch_home/.config XDG_DATA_HOME=$scratch_home/.local/share \
         XDG_CACHE_HOME=$scratch_home/.cache XDG_STATE_HOME=$scratch_home/.local/state \
         CLAUDE_CONFIG_DIR=$scratch_home/.claude CODEX_HOME=$scratch_home/.codex npm_config_offline=true \

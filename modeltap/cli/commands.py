@@ -22,13 +22,14 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import NoneType
 from typing import Any
 
 from aiohttp import web
 
 from modeltap import __version__
-from modeltap.cli.completion import SHELLS, script
+from modeltap.cli.completion import SESSION_METAVAR, SHELLS, script
 from modeltap.compat import doctor
 from modeltap.exporters.export import FORMATS, send_otlp, write_export
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
@@ -41,9 +42,9 @@ from modeltap.readers.diff import compare, diff_text, side
 from modeltap.readers.grep import compile_pattern, hit_line, search
 from modeltap.readers.sessions import groups_table, sessions_table
 from modeltap.readers.show import session_turns, turn_text
-from modeltap.readers.stats import stats, stats_table
+from modeltap.readers.stats import covered, stats, stats_table
 from modeltap.readers.tail import follow
-from modeltap.readers.terminal import colour_wanted, emit
+from modeltap.readers.terminal import colour_wanted, emit, say
 from modeltap.readers.ui import viewer_app
 from modeltap.records.exchange import OUTCOMES
 from modeltap.records.jsontext import pretty
@@ -70,6 +71,7 @@ EPILOG_DIFF = """example:
   modeltap diff s-3f2a s-9c1e       where a failed and a passed sample of one task part ways
 exit status 0 when the model traffic is the same, 1 when it differs, 2 on error (as diff)"""
 EPILOG_PRUNE = """examples:
+  modeltap prune --before 7d --dry-run              what would go: the sessions, exchanges and bytes
   modeltap prune --before 7d                        sessions last active more than a week ago
   modeltap prune --keep-last 1000 --label experiment=grpo-7
 safe while `modeltap serve` writes; then `modeltap vacuum` gives the space back"""
@@ -108,6 +110,14 @@ EPILOG_STATS = """examples:
   modeltap stats --label task_id --all    one row per task, over every session
   modeltap stats --label agent --label experiment=grpo-7 --json
 --label K (no =) groups by that label; --label K=V filters, as in sessions"""
+EPILOG_DEMO = """examples:
+  modeltap demo                      a scripted model, modeltap in front, a tool-using conversation
+  modeltap demo --model-only         no model server yet? the scripted model on 127.0.0.1:8000, then:
+  modeltap serve --upstream http://127.0.0.1:8000"""
+# The sessions a dry run names, newest first, before "… and N more".
+DRY_RUN_LISTED = 20
+# `demo --model-only` listens where the quickstart's `serve --upstream` looks: vLLM's default port.
+DEMO_MODEL_PORT = 8000
 EPILOG_UI = """example:
   modeltap ui --port 8765          then open the printed URL; it updates live while `serve` records"""
 
@@ -162,6 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     _filter_options(sessions)
     _store_option(sessions)
     _json_option(sessions)
+    sessions.add_argument("--ids", action="store_true", help="only the ids, one a line (what TAB completes)")
 
     groups = _command(
         commands,
@@ -202,20 +213,22 @@ def _parser() -> argparse.ArgumentParser:
     _json_option(stats_)
 
     show = _command(commands, "show", _show, "show a session turn by turn: what each turn added", EPILOG_SHOW)
-    show.add_argument("session", help="session id, or its first characters")
+    show.add_argument("session", metavar=SESSION_METAVAR, help="session id, or its first characters")
     show.add_argument("turn", nargs="?", type=int, help="one turn (from 1), shown in full")
     show.add_argument("--full", action="store_true", help="with the full request and response bodies")
     _store_option(show)
     _json_option(show)
 
     diff = _command(commands, "diff", _diff, "where two sessions part ways, turn by turn", EPILOG_DIFF)
-    diff.add_argument("a", help="a session id, or its first characters")
-    diff.add_argument("b", help="the session to compare it with")
+    diff.add_argument("a", metavar=SESSION_METAVAR, help="a session id, or its first characters")
+    diff.add_argument("b", metavar=SESSION_METAVAR, help="the session to compare it with")
     _store_option(diff)
     _json_option(diff)
 
     tail = _command(commands, "tail", _tail, "follow exchanges live as they are recorded", EPILOG_TAIL)
-    tail.add_argument("--session", help="only this session (id, or its first characters)")
+    tail.add_argument(
+        "--session", metavar=SESSION_METAVAR, help="only this session (id, or its first characters)"
+    )
     tail.add_argument(
         "-n", "--lines", type=int, default=10, help="recorded exchanges to print first (default 10)"
     )
@@ -229,7 +242,9 @@ def _parser() -> argparse.ArgumentParser:
         "write a session as HAR, JSON lines, SFT messages or token ids, or send it to a tracing backend",
         EPILOG_EXPORT,
     )
-    export.add_argument("session", nargs="?", help="session id, or its first characters")
+    export.add_argument(
+        "session", nargs="?", metavar=SESSION_METAVAR, help="session id, or its first characters"
+    )
     export.add_argument("--all", action="store_true", help="every session, one after another (all but har)")
     export.add_argument("--format", choices=FORMATS, default="har", help="output format (default har)")
     export.add_argument("-o", "--output", help="file to write (default stdout)")
@@ -239,7 +254,7 @@ def _parser() -> argparse.ArgumentParser:
     replay_ = _command(
         commands, "replay", _replay, "re-send a session to another upstream and compare", EPILOG_REPLAY
     )
-    replay_.add_argument("session", help="session id, or its first characters")
+    replay_.add_argument("session", metavar=SESSION_METAVAR, help="session id, or its first characters")
     _config_flags(replay_, ("upstream", "layout", "upstream_key"))
     replay_.add_argument("--turn", type=int, help="only this turn (from 1)")
     _store_option(replay_)
@@ -249,7 +264,9 @@ def _parser() -> argparse.ArgumentParser:
         commands, "mock", _mock, "serve recorded responses as a deterministic upstream", EPILOG_MOCK
     )
     mock.add_argument(
-        "--session", help="serve this session in turn order (default: every session, exact bodies)"
+        "--session",
+        metavar=SESSION_METAVAR,
+        help="serve this session in turn order (default: every session, exact bodies)",
     )
     mock.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     mock.add_argument("--port", type=int, default=0, help="port to listen on (default 0: pick a free one)")
@@ -280,6 +297,9 @@ def _parser() -> argparse.ArgumentParser:
     prune_.add_argument(
         "--label", action="append", metavar="K=V", help="only sessions with this label; repeatable"
     )
+    prune_.add_argument(
+        "--dry-run", action="store_true", help="delete nothing: say which sessions and how much would go"
+    )
     _store_option(prune_)
 
     vacuum_ = _command(
@@ -303,8 +323,21 @@ def _parser() -> argparse.ArgumentParser:
         commands,
         "demo",
         _demo,
-        "play a scripted agent conversation through modeltap",
-        "example:\n  modeltap demo",
+        "play a scripted agent conversation through modeltap, or serve only its scripted model",
+        EPILOG_DEMO,
+    )
+    demo.add_argument(
+        "--model-only",
+        action="store_true",
+        help="serve the scripted model alone, as a model server for modeltap serve to front",
+    )
+    demo.add_argument(
+        "--port",
+        type=int,
+        help=f"with --model-only: the port to listen on (default {DEMO_MODEL_PORT}; 0 picks a free one)",
+    )
+    demo.add_argument(
+        "--host", default="127.0.0.1", help="with --model-only: the address to listen on (default 127.0.0.1)"
     )
     _store_option(demo, several=False)
 
@@ -432,7 +465,11 @@ def _prune_patterns(args: argparse.Namespace) -> list[str]:
 
 
 def _stores(args: argparse.Namespace) -> Stores:
-    return Stores.open(_store_patterns(args))
+    """The stores a reader reads; each one skipped among several is said in one line on stderr."""
+    stores = Stores.open(_store_patterns(args))
+    for line in stores.refused:
+        print(f"modeltap {args.command}: {line}", file=sys.stderr)
+    return stores
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -519,6 +556,7 @@ def _session_query(args: argparse.Namespace, labels: Sequence[str] | None = None
         since=parse_when(args.since) if args.since else None,
         until=parse_when(args.until) if args.until else None,
         limit=None if args.all else args.limit,
+        unsessioned=True,
     )
 
 
@@ -526,10 +564,13 @@ def _sessions(args: argparse.Namespace) -> int:
     query = _session_query(args)
     with _stores(args) as stores:
         rows, several = stores.sessions(query), stores.several
+    if args.ids:
+        say("\n".join(dict.fromkeys(row["id"] for row in rows)))
+        return 0
     if args.json:
         print(pretty(rows))
         return 0
-    print(sessions_table(rows, with_store=several))
+    say(sessions_table(rows, with_store=several))
     if query.limit is not None and len(rows) == query.limit:
         print(f"(the newest {query.limit}; --limit N or --all for more)")
     return 0
@@ -542,10 +583,12 @@ def _stats(args: argparse.Namespace) -> int:
     query = _session_query(args, [label for label in args.label or () if "=" in label])
     with _stores(args) as stores:
         chosen = stores.selected(query)
-        groups = stats(chosen, group_by[0] if group_by else None)
-    print(pretty(groups) if args.json else stats_table(groups))
-    if query.limit is not None and len(chosen) == query.limit:
-        print(f"(over the newest {query.limit} sessions; --limit N or --all for more)", file=sys.stderr)
+        limited = query.limit is not None and len(chosen) == query.limit
+        covers = covered(len(chosen), stores.count(query) if limited else len(chosen))
+        groups = stats(chosen, group_by[0] if group_by else None, covers)
+    say(pretty(groups) if args.json else stats_table(groups))
+    if limited:
+        print(f"(over {covers}; --limit N or --all for more)", file=sys.stderr)
     return 0
 
 
@@ -573,14 +616,14 @@ def _grep(args: argparse.Namespace) -> int:
 def _groups(args: argparse.Namespace) -> int:
     with _stores(args) as stores:
         rows = stores.groups(args.label)
-    print(pretty(rows) if args.json else groups_table(rows))
+    say(pretty(rows) if args.json else groups_table(rows))
     return 0
 
 
 def _diff(args: argparse.Namespace) -> int:
     with _stores(args) as stores:
         result = compare(side(stores, args.a), side(stores, args.b))
-    print(pretty(result) if args.json else diff_text(result))
+    say(pretty(result) if args.json else diff_text(result))
     return 1 if result["differs"] else 0
 
 
@@ -588,8 +631,19 @@ def _prune(args: argparse.Namespace) -> int:
     labels = [parse_label(label) for label in args.label or ()]
     before = parse_when(args.before) if args.before else None
     for path in expand(_prune_patterns(args)):
-        freed = prune(path, before=before, keep_last=args.keep_last, labels=labels)
+        freed = prune(path, before=before, keep_last=args.keep_last, labels=labels, dry_run=args.dry_run)
         print(f"{path}: {freed.text()}")
+        shown = freed.session_ids[:DRY_RUN_LISTED]
+        more = len(freed.session_ids) - len(shown)
+        if shown:
+            say(
+                "\n".join(
+                    [
+                        *(f"  {session_id}" for session_id in shown),
+                        *([f"  … and {more} more"] if more else []),
+                    ]
+                )
+            )
     return 0
 
 
@@ -643,8 +697,7 @@ def _export(args: argparse.Namespace) -> int:
         if args.output is None:
             skipped = _write_sessions(chosen, args, sys.stdout)
         else:
-            with open(args.output, "w", encoding="utf-8") as out:
-                skipped = _write_sessions(chosen, args, out)
+            skipped = _write_whole(Path(args.output), lambda out: _write_sessions(chosen, args, out))
     if args.output is not None or skipped:
         what = f"session {chosen[0][1]}" if not args.all else f"{len(chosen) - len(skipped)} session(s)"
         where = f" to {args.output}" if args.output is not None else ""
@@ -663,6 +716,20 @@ def _export_sessions(stores: Stores, args: argparse.Namespace) -> list[tuple[Sto
     if args.format == "har":
         raise ValueError("a HAR holds one session: name it, or give --all with another --format")
     return [(reader, session["id"]) for reader in stores.readers for session in reader.sessions()]
+
+
+def _write_whole(path: Path, write: Callable[[typing.TextIO], list[str]]) -> list[str]:
+    """`write` into `path` whole or not at all: into a file beside it, renamed over it once `write`
+    returned, so an export that fails (a session with nothing of the format) leaves no empty or
+    half-written file, and an earlier file of that name as it was."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as out:
+            written = write(out)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return written
 
 
 def _write_sessions(
@@ -704,7 +771,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"session": session_id, "replay_session": replayed, "turns": comparisons}, indent=2))
     else:
-        print(comparison_text(comparisons) + f"\nrecorded as session {replayed}: modeltap show {replayed}")
+        say(comparison_text(comparisons) + f"\nrecorded as session {replayed}: modeltap show {replayed}")
     return 1 if any(c["differs"] for c in comparisons) else 0
 
 
@@ -748,13 +815,20 @@ def _ui(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_app_until_signalled(app: web.Application, host: str, port: int, banner: str) -> None:
+async def _serve_app_until_signalled(
+    app: web.Application, host: str, port: int, banner: str, footer: Callable[[str], str] | None = None
+) -> None:
+    """Serve `app` until SIGINT or SIGTERM, having printed `banner`, the URL it listens on, and
+    `footer(url)` when given."""
     stop = _stop_on_signals()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
-        print(f"{banner}\n  listening on {url(host_address(host), runner.addresses[0][1])}", flush=True)
+        listening = url(host_address(host), runner.addresses[0][1])
+        print(f"{banner}\n  listening on {listening}", flush=True)
+        if footer is not None:
+            print(footer(listening), flush=True)
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -832,6 +906,25 @@ def _completion(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from modeltap.demo import run_demo
+    if args.model_only:
+        return _demo_model(args)
+    if args.port is not None:
+        raise ValueError("--port goes with --model-only (the demo itself listens on free ports)")
+    from modeltap.demo.play import run_demo
 
     return asyncio.run(run_demo(_store_path(args)))
+
+
+def _demo_model(args: argparse.Namespace) -> int:
+    from modeltap.demo.model import MODEL_BANNER, model_app, next_steps
+
+    port = DEMO_MODEL_PORT if args.port is None else args.port
+    try:
+        asyncio.run(_serve_app_until_signalled(model_app(), args.host, port, MODEL_BANNER, next_steps))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"port {port} is in use: give another with --port N (--port 0 picks a free one)"
+            ) from None
+        raise ValueError(f"cannot listen on {args.host}:{port}: {exc.strerror or exc}") from None
+    return 0

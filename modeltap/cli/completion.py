@@ -2,7 +2,10 @@
 flag added to a command completes without anyone editing a script.
 
 Owns: reading the subcommands, their flags and the flags' choices off an argparse parser, and the
-two scripts. Does not own: the commands (cli.py).
+two scripts. An argument whose metavar is SESSION (`show SESSION`, `diff SESSION SESSION`, `tail
+--session SESSION`) completes the recorded session ids: the script asks `PROG sessions --ids` at TAB,
+with the `--store` flags already typed, so it offers what the reader would find. Does not own: the
+commands (cli.py).
 
     eval "$(modeltap completion bash)"      # in ~/.bashrc
     eval "$(modeltap completion zsh)"       # in ~/.zshrc, after compinit
@@ -15,6 +18,10 @@ import shlex
 from dataclasses import dataclass
 
 SHELLS = ("bash", "zsh")
+# The metavar of an argument that takes a session id.
+SESSION_METAVAR = "SESSION"
+# The newest sessions TAB offers: a prefix narrows them, and more than a screenful helps nobody.
+COMPLETED_SESSIONS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +30,7 @@ class _Flag:
     help: str
     takes_value: bool
     choices: tuple[str, ...]
+    sessions: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +40,8 @@ class _Command:
     flags: tuple[_Flag, ...]
     # The choices of its positional arguments (`completion bash|zsh`).
     values: tuple[str, ...]
+    # Whether its positional arguments are session ids.
+    sessions: bool = False
 
 
 def script(parser: argparse.ArgumentParser, shell: str) -> str:
@@ -45,9 +55,13 @@ def _commands(parser: argparse.ArgumentParser) -> list[_Command]:
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help or "" for choice in subparsers._choices_actions}
     return [
-        _Command(name, helps.get(name, ""), tuple(_flags(sub)), _values(sub))
+        _Command(name, helps.get(name, ""), tuple(_flags(sub)), _values(sub), _takes_sessions(sub))
         for name, sub in subparsers.choices.items()
     ]
+
+
+def _takes_sessions(parser: argparse.ArgumentParser) -> bool:
+    return any(a.metavar == SESSION_METAVAR for a in parser._actions if not a.option_strings)
 
 
 def _values(parser: argparse.ArgumentParser) -> tuple[str, ...]:
@@ -62,6 +76,7 @@ def _flags(parser: argparse.ArgumentParser) -> list[_Flag]:
             (action.help or "").replace("%%", "%"),
             action.nargs != 0,
             tuple(str(choice) for choice in action.choices or ()),
+            action.metavar == SESSION_METAVAR,
         )
         for action in parser._actions
         if action.option_strings and action.help != argparse.SUPPRESS
@@ -75,15 +90,26 @@ def _bash(prog: str, commands: list[_Command]) -> str:
     for command in commands:
         words = " ".join(s for flag in command.flags for s in flag.spellings)
         values = shlex.quote(" ".join(command.values))
-        flag_cases.append(f"        {command.name}) flags={shlex.quote(words)} values={values} ;;")
+        ids = " ids=1" if command.sessions else ""
+        flag_cases.append(f"        {command.name}) flags={shlex.quote(words)} values={values}{ids} ;;")
         for flag in command.flags:
+            pattern = "|".join(f"{command.name},{s}" for s in flag.spellings)
             if flag.choices:
-                pattern = "|".join(f"{command.name},{s}" for s in flag.spellings)
                 choice_cases.append(f"        {pattern}) choices={shlex.quote(' '.join(flag.choices))} ;;")
+            elif flag.sessions:
+                choice_cases.append(f"        {pattern}) choices=$({function}_sessions) ;;")
     return f"""# {prog} completion for bash: eval "$({prog} completion bash)"
+# The recorded session ids, newest first, from the stores the line names with --store.
+{function}_sessions() {{
+    local stores=() i
+    for ((i = 1; i < COMP_CWORD - 1; i++)); do
+        [[ ${{COMP_WORDS[i]}} == --store ]] && stores+=(--store "${{COMP_WORDS[i+1]}}")
+    done
+    {prog} sessions --ids --limit {COMPLETED_SESSIONS} "${{stores[@]}}" 2>/dev/null
+}}
 {function}() {{
     local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}}
-    local command="" flags="" values="" choices=""
+    local command="" flags="" values="" choices="" ids=""
     local i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case ${{COMP_WORDS[i]}} in -*) ;; *) command=${{COMP_WORDS[i]}}; break ;; esac
@@ -106,6 +132,8 @@ def _bash(prog: str, commands: list[_Command]) -> str:
         COMPREPLY=($(compgen -W "$flags" -- "$cur"))
     elif [[ -n $values ]]; then
         COMPREPLY=($(compgen -W "$values" -- "$cur"))
+    elif [[ -n $ids ]]; then
+        COMPREPLY=($(compgen -W "$({function}_sessions)" -- "$cur"))
     else
         COMPREPLY=($(compgen -f -- "$cur"))
     fi
@@ -119,11 +147,26 @@ def _zsh(prog: str, commands: list[_Command]) -> str:
     described = "\n".join(f"        {_zsh_quote(f'{c.name}:{c.help}')}" for c in commands)
     cases = []
     for command in commands:
-        specs = " ".join(_zsh_spec(flag) for flag in command.flags)
-        rest = f"'1:value:({' '.join(command.values)})'" if command.values else "'*:file:_files'"
+        specs = " ".join(_zsh_spec(flag, function) for flag in command.flags)
+        if command.values:
+            rest = f"'1:value:({' '.join(command.values)})'"
+        elif command.sessions:
+            rest = f"'*:session:{function}_sessions'"
+        else:
+            rest = "'*:file:_files'"
         cases.append(f"        {command.name}) _arguments {specs} {rest} ;;")
     return f"""#compdef {prog}
 # {prog} completion for zsh: eval "$({prog} completion zsh)" after compinit
+# The recorded session ids, newest first, from the stores the line names with --store.
+{function}_sessions() {{
+    local -a stores ids
+    local i
+    for ((i = 1; i < $#words; i++)); do
+        [[ $words[i] == --store ]] && stores+=(--store $words[i+1])
+    done
+    ids=(${{(f)"$({prog} sessions --ids --limit {COMPLETED_SESSIONS} $stores 2>/dev/null)"}})
+    compadd -a ids
+}}
 {function}() {{
     local -a commands
     commands=(
@@ -144,12 +187,14 @@ compdef {function} {prog}
 """
 
 
-def _zsh_spec(flag: _Flag) -> str:
+def _zsh_spec(flag: _Flag, function: str) -> str:
     """One `_arguments` spec: `'(--a -a)'{--a,-a}'[help]:value:(choices)'`, or one spelling plainly."""
     text = flag.help.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]").replace(":", "\\:")
     value = ""
     if flag.takes_value:
         choices = f"({' '.join(flag.choices)})" if flag.choices else "_files"
+        if flag.sessions:
+            choices = f"{function}_sessions"
         value = f":{flag.spellings[-1].lstrip('-')}:{choices}"
     if len(flag.spellings) == 1:
         return _zsh_quote(f"{flag.spellings[0]}[{text}]{value}")

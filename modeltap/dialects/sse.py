@@ -343,8 +343,13 @@ class Pieces:
 
 
 def data_event(value: Any) -> bytes:
-    """`data: JSON` and its blank line: an OpenAI chat or completions event."""
-    return b"data: " + json.dumps(value, ensure_ascii=False).encode() + b"\n\n"
+    """`data: JSON` and its blank line: an OpenAI chat or completions event. A lone surrogate (valid
+    JSON as an escape, but not encodable as UTF-8) is written as its escape, so the event still is."""
+    try:
+        text = json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        text = json.dumps(value).encode()
+    return b"data: " + text + b"\n\n"
 
 
 def named_event(kind: str, value: dict[str, Any]) -> bytes:

@@ -12,7 +12,6 @@ format's content.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import TextIO
 
@@ -22,10 +21,10 @@ from modeltap.exporters.messages import conversation, final_exchange
 from modeltap.exporters.slime import slime_line
 from modeltap.exporters.tokens import line, stretches
 from modeltap.exporters.verl import verl_line
-from modeltap.records.jsontext import pretty
+from modeltap.records.jsontext import dumps, pretty
 from modeltap.records.reader import StoreReader
 
-FORMATS = ("har", "jsonl", "messages", "otlp", "tokens", "verl", "slime")
+FORMATS = ("har", "jsonl", "messages", "otlp", "slime", "tokens", "verl")
 # The token formats: a session's continuous stretches, each written as one line of its trainer's shape.
 _TOKEN_LINES = {"tokens": line, "verl": verl_line, "slime": slime_line}
 
@@ -39,17 +38,17 @@ def write_export(reader: StoreReader, session_id: str, fmt: str, out: TextIO) ->
         for line in jsonl(reader, session_id):
             out.write(line + "\n")
     elif fmt == "messages":
-        out.write(json.dumps(conversation(reader.exchanges(session_id)), ensure_ascii=False) + "\n")
+        out.write(dumps(conversation(reader.exchanges(session_id)), compact=False) + "\n")
     elif fmt in _TOKEN_LINES:
         with_ids = {turn["exchange_id"] for turn in reader.token_turns(session_id) if turn["source"]}
         exchanges = [ex for ex in reader.exchanges(session_id) if ex["id"] in with_ids]
         if not exchanges:
             raise ValueError(
-                f"session {session_id} has no token ids: record it with `serve --tokens observe`"
+                f"session {session_id} has no token ids: record it with `serve --tokens observe` (or exact)"
             )
         shape = _TOKEN_LINES[fmt]
         for stretch in stretches(reader, session_id, final_exchange(exchanges, "generating")["id"]):
-            out.write(json.dumps(shape(stretch), ensure_ascii=False) + "\n")
+            out.write(dumps(shape(stretch), compact=False) + "\n")
     else:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {fmt!r}")
 

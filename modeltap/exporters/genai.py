@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from modeltap import dialects
 from modeltap.dialects.base import Summary, as_dict, as_int, as_str, dicts_in, text_of
 from modeltap.dialects.roles import AsChat, Dialect
+from modeltap.exporters import openinference
 from modeltap.records.exchange import BudgetRecord, Exchange
 
 Value = str | bool | int | float | Sequence[str]
@@ -152,6 +153,8 @@ def attributes(call: Call, *, content: bool) -> dict[str, Value]:
     attrs: dict[str, Value | None] = {}
     if dialect.operation is not None:
         attrs |= _model_call(dialect, call, reply, summary)
+        model = call.knobs.model or summary.model
+        attrs |= openinference.attributes_of_call(model, summary.prompt_tokens, summary.completion_tokens)
     attrs |= {
         "gen_ai.conversation.id": call.session_id,
         "session.id": call.session_id,
@@ -238,7 +241,8 @@ def _content(
 ) -> dict[str, Value]:
     """`gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.system_instructions` and
     `gen_ai.tool.definitions`, from the exchange as OpenAI chat (its dialect's conversion, whatever the
-    format): the reply is what the conversation gained over the request's alone."""
+    format): the reply is what the conversation gained over the request's alone; and the same as
+    OpenInference's `input.value`, `output.value` and flattened messages (openinference.py)."""
     if not isinstance(dialect, AsChat):
         return {}
     try:
@@ -250,9 +254,11 @@ def _content(
         same < min(len(whole.messages), len(asked.messages)) and whole.messages[same] == asked.messages[same]
     ):
         same += 1
-    history = [_message(m) for m in whole.messages[:same]]
+    asked_chat = list(whole.messages[:same])
+    history = [_message(m) for m in asked_chat]
     if history and history[-1]["role"] == "assistant" and not history[-1]["parts"]:
         history.pop()  # the empty reply a failed exchange's conversion ends with
+        asked_chat.pop()
     system: list[dict[str, Any]] = []
     while dialect.system_field is not None and history and history[0]["role"] == "system":
         system += history.pop(0)["parts"]
@@ -271,6 +277,9 @@ def _content(
             left_out += dropped
     if left_out:
         out["modeltap.content.left_out"] = left_out
+    # The same conversation as OpenInference readers (Phoenix's Sessions tab) read it.
+    answered = [m for m in whole.messages[same:] if _message(m)["parts"]]
+    out |= openinference.content_attributes(asked_chat, answered, cut=_cut, limit=CONTENT_ATTRIBUTE_MAX_CHARS)
     return out
 
 

@@ -11,7 +11,6 @@ fields. Does not own: reading the store (records/reader.py) or a format's stream
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -20,6 +19,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from modeltap import __version__, dialects
 from modeltap.dialects.roles import Streams
+from modeltap.records.jsontext import dumps, safe_text
 from modeltap.records.reader import StoreReader
 from modeltap.records.streams import stream_events
 
@@ -107,7 +107,7 @@ def _har_request(ex: dict[str, Any]) -> dict[str, Any]:
     }
     request = ex.get("request")
     if request is not None:
-        text = request if isinstance(request, str) else json.dumps(request, ensure_ascii=False)
+        text = safe_text(request) or "" if isinstance(request, str) else dumps(request, compact=False)
         out["postData"] = {"mimeType": "application/json", "text": text}
         out["headers"] = [*headers, {"name": "Content-Type", "value": "application/json"}]
         out["bodySize"] = len(text.encode())
@@ -119,7 +119,7 @@ def _har_response(ex: dict[str, Any], events: list[bytes] | None) -> dict[str, A
     if events is not None:
         body, mime = b"".join(events).decode("utf-8", "replace"), "text/event-stream"
     else:
-        body = json.dumps(ex["response"], ensure_ascii=False) if ex.get("response") is not None else ""
+        body = dumps(ex["response"], compact=False) if ex.get("response") is not None else ""
         mime = "application/json"
     size = len(body.encode())
     return {

@@ -10,10 +10,10 @@ reading the store (records/reader.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
+from modeltap.records.jsontext import dumps
 from modeltap.records.reader import StoreReader
 
 # Each JSONL line says which format it is in; a reader checks it before trusting the fields.
@@ -31,7 +31,7 @@ def jsonl(reader: StoreReader, session_id: str) -> Iterator[str]:
         line = {"format": JSONL_FORMAT, "format_version": JSONL_FORMAT_VERSION, "turn": number, **ex}
         line["rollout"] = rollout
         line["raw_sse"] = raw.decode("utf-8", "replace") if raw is not None else None
-        yield json.dumps(line, ensure_ascii=False)
+        yield dumps(line, compact=False)
 
 
 def _rollout(session: dict[str, Any] | None) -> dict[str, Any] | None:

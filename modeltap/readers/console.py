@@ -22,6 +22,7 @@ from collections import OrderedDict
 from typing import Any, TextIO
 
 from modeltap.readers.show import tail_line
+from modeltap.readers.text import printable
 from modeltap.records.exchange import Exchange
 from modeltap.records.turns import turn_record
 
@@ -109,7 +110,8 @@ class ConsoleLog:
         number = self._number(exchange.session_id)
         text = tail_line(turn_record(_row(exchange), number))
         if self._verbose:
-            text += f"\n    {exchange.method} {exchange.path}  {exchange.user_agent or ''}".rstrip()
+            request = f"{exchange.method} {exchange.path}  {exchange.user_agent or ''}".rstrip()
+            text += "\n    " + printable(request, lines=False)
         return text
 
     def _number(self, session: str | None) -> int | None:

@@ -36,6 +36,12 @@ MIN_COLUMN_CHARS = 40
 DEFAULT_WIDTH_CHARS = 160
 # Lines of context around each change in the unified diff of the turn's text.
 CONTEXT_LINES = 2
+# Tool call arguments nested deeper than this are compared and shown as their text: a degenerate
+# policy at its token limit writes arguments of nothing but brackets, and showing a structural diff a
+# thousand levels down would recurse as deep (printing JSON does) for no reader's benefit.
+ARGUMENTS_DEPTH_MAX = 64
+# How much of a changed value a tool call's change quotes.
+VALUE_CHARS = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +113,33 @@ def diff_text(result: dict[str, Any], width: int | None = None) -> str:
 
 
 class _Canon:
-    """One session's ids renamed in order of first appearance: `#1`, `#2`, … A minted id is the
-    string value of an `id` key or of a key ending in `_id`."""
+    """One session's values made comparable: flattened, depth first, into a tuple of tokens (so two
+    bodies nested as deep as JSON parses compare without recursing), dict keys in sorted order, and
+    ids renamed in order of first appearance: `#1`, `#2`, … A minted id is the string value of an `id`
+    key or of a key ending in `_id`."""
 
     def __init__(self) -> None:
         self._names: dict[str, str] = {}
 
-    def __call__(self, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: self._id(item) if _is_id(key, item) else self(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self(item) for item in value]
-        return value
+    def __call__(self, value: Any) -> tuple[Any, ...]:
+        out: list[Any] = []
+        stack: list[tuple[str | None, Any]] = [(None, value)]
+        while stack:
+            key, item = stack.pop()
+            if key is not None:
+                out.append(("key", key))
+                if _is_id(key, item):
+                    out.append(("id", self._id(item)))
+                    continue
+            if isinstance(item, dict):
+                out.append(("dict", len(item)))
+                stack.extend(sorted(item.items(), key=lambda pair: str(pair[0]), reverse=True))
+            elif isinstance(item, list):
+                out.append(("list", len(item)))
+                stack.extend((None, element) for element in reversed(item))
+            else:
+                out.append(("value", type(item).__name__, item))
+        return tuple(out)
 
     def _id(self, minted: str) -> str:
         return self._names.setdefault(minted, f"#{len(self._names) + 1}")
@@ -140,13 +161,27 @@ def _response(turn: Turn) -> dict[str, Any]:
 
 
 def _arguments(text: Any) -> Any:
-    """Tool call arguments parsed when they are JSON (so key order and spacing do not count)."""
+    """Tool call arguments parsed when they are JSON (so key order and spacing do not count) nested at
+    most ARGUMENTS_DEPTH_MAX deep; else their text, compared and shown as it is."""
     if not isinstance(text, str):
         return text
     try:
-        return json.loads(text)
-    except ValueError:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
         return text
+    return parsed if _depth(parsed) <= ARGUMENTS_DEPTH_MAX else text
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in `value` (0 for a scalar), counted without recursing."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _difference(
@@ -210,16 +245,19 @@ _MISSING: Any = object()
 
 
 def _json_changes(a: Any, b: Any, path: str) -> Iterator[tuple[str, Any, Any]]:
-    """(path, a's value, b's value) for each place two JSON values differ; `_MISSING` is reported as
-    None with a path that only one side has."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in [*a, *(k for k in b if k not in a)]:
-            yield from _json_changes(a.get(key, _MISSING), b.get(key, _MISSING), f"{path}.{key}")
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for index, (va, vb) in enumerate(zip(a, b, strict=True)):
-            yield from _json_changes(va, vb, f"{path}[{index}]")
-    elif a != b:
-        yield path, None if a is _MISSING else a, None if b is _MISSING else b
+    """(path, a's value, b's value) for each place two JSON values differ, in document order;
+    `_MISSING` is reported as None with a path that only one side has."""
+    stack = [(a, b, path)]
+    while stack:
+        va, vb, where = stack.pop()
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys = [*va, *(k for k in vb if k not in va)]
+            stack.extend((va.get(k, _MISSING), vb.get(k, _MISSING), f"{where}.{k}") for k in reversed(keys))
+        elif isinstance(va, list) and isinstance(vb, list) and len(va) == len(vb):
+            pairs = list(enumerate(zip(va, vb, strict=True)))
+            stack.extend((xa, xb, f"{where}[{i}]") for i, (xa, xb) in reversed(pairs))
+        elif va != vb:
+            yield where, None if va is _MISSING else va, None if vb is _MISSING else vb
 
 
 def _change_text(change: dict[str, Any]) -> str:
@@ -230,7 +268,7 @@ def _change_text(change: dict[str, Any]) -> str:
 
 
 def _value(value: Any) -> str:
-    return "(none)" if value is None else short(json.dumps(value, ensure_ascii=False), 60)
+    return "(none)" if value is None else short(json.dumps(value, ensure_ascii=False), VALUE_CHARS)
 
 
 def _header(s: Side) -> dict[str, Any]:

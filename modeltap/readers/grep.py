@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from modeltap.readers.text import printable
 from modeltap.records.message_text import call_text, describe_message
 from modeltap.records.reader import StoreReader
 from modeltap.records.turns import Turn, turns
@@ -80,12 +81,14 @@ def hit_line(hit: dict[str, Any], *, with_store: bool = False, highlight: bool =
     in bold red with `highlight`, for a terminal)."""
     more = f"  (+{hit['matches'] - 1} more)" if hit["matches"] > 1 else ""
     where = f"[{hit['store']}] " if with_store else ""
-    said = hit["context"]
-    match = _one_line(hit["match"]).strip() if highlight else ""
+    # Recorded text, its control characters escaped before the highlight adds ours (text.printable).
+    said = printable(hit["context"], lines=False)
+    match = printable(_one_line(hit["match"]).strip(), lines=False) if highlight else ""
     at = said.find(match) if match else -1
     if at >= 0:
         said = f"{said[:at]}{_MATCH}{match}{_RESET}{said[at + len(match) :]}"
-    return f"{where}{hit['session']} #{hit['turn']} {hit['role']}: {said}{more}"
+    head = printable(f"{where}{hit['session']} #{hit['turn']} {hit['role']}: ", lines=False)
+    return f"{head}{said}{more}"
 
 
 def _hit(

@@ -23,7 +23,8 @@ LOG_LINES_SHOWN = 5
 
 def sessions_table(sessions: Sequence[dict[str, Any]], *, with_store: bool = False) -> str:
     """One line per session: id, when it started, turns, tokens, errors, the turn where its token
-    history first breaks, reward, outcome, labels (and the store it is in, with `with_store`)."""
+    history first breaks, reward, outcome, labels (the pseudo-session of exchanges without one: what it
+    holds), and the store it is in, with `with_store`."""
     head = (
         "SESSION",
         "STARTED",
@@ -48,7 +49,7 @@ def sessions_table(sessions: Sequence[dict[str, Any]], *, with_store: bool = Fal
             f"#{s['token_drift']['turn']}" if s.get("token_drift") else "-",
             reward_text(s["reward"]),
             s["outcome"] or "-",
-            " ".join(f"{k}={v}" for k, v in s["labels"].items()),
+            s.get("note") or " ".join(f"{k}={v}" for k, v in s["labels"].items()),
         )
         rows.append(row + ((s["store"],) if with_store else ()))
     return columns(rows)

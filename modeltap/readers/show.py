@@ -18,6 +18,7 @@ from typing import Any
 
 from modeltap.readers.sessions import rollout_lines
 from modeltap.readers.text import num as _num
+from modeltap.readers.text import printable
 from modeltap.readers.text import short as _short
 from modeltap.readers.text import when as _when
 from modeltap.records.continuity import IdWindow
@@ -107,7 +108,7 @@ def turn_text(turn: Turn, request: Any = None) -> str:
         bodies = turn.bodies
         shown = (
             ("request", bodies.request),
-            ("sent upstream (clamped)", bodies.sent),
+            (f"sent upstream ({turn.sent_because})" if turn.sent_because else "sent upstream", bodies.sent),
             ("response", bodies.response),
         )
         lines += [line for title, body in shown if body is not None for line in (f"── {title}", pretty(body))]
@@ -115,9 +116,11 @@ def turn_text(turn: Turn, request: Any = None) -> str:
 
 
 def tail_line(turn: Turn) -> str:
-    """One exchange on one line, as `modeltap tail` prints it."""
+    """One exchange on one line, as `modeltap tail` and serve's line per exchange print it, its
+    control characters escaped (text.printable)."""
     number = f"#{turn.number}" if turn.number is not None else ""
-    return f"{_when(turn.started)}  {turn.session_id or '-'} {number}  " + _headline(turn)
+    line = f"{_when(turn.started)}  {turn.session_id or '-'} {number}  " + _headline(turn)
+    return printable(line, lines=False)
 
 
 def _turn_lines(turn: Turn, width: int | None, *, tools: Any = None, seen: _Seen | None = None) -> list[str]:
@@ -238,8 +241,12 @@ def _headline(turn: Turn) -> str:
 
 def _budget_text(budget: BudgetRecord) -> str:
     text = f"{budget.action}: prompt {_num(budget.prompt_tokens)} tokens"
-    if budget.field:
+    if budget.field and budget.action == "clamp":
         text += f", {budget.field} {_num(budget.requested)} → {_num(budget.allowed)}"
+    elif budget.field:
+        # An arrow would say the cap was changed: it was not, and `allowed` is only the most that fit.
+        asked = f"{budget.field} {budget.requested}" if budget.requested is not None else f"no {budget.field}"
+        text += f", {asked} (at most {_num(budget.allowed)} fit)"
     if budget.limit is not None:
         text += f" (limit {budget.limit})"
     for said in (budget.note, budget.error):

@@ -47,23 +47,32 @@ class _Tally:
             self.completion.append(row["completion_tokens"])
 
 
+def covered(chosen: int, selected: int) -> str:
+    """What a tally of `chosen` sessions, the newest of `selected` the filters select, covers, in words:
+    `all 37 sessions`, `the newest 50 of 1276 sessions`."""
+    if chosen >= selected:
+        return f"all {selected} session{'s' if selected != 1 else ''}"
+    return f"the newest {chosen} of {selected} sessions"
+
+
 def stats(
-    sessions: Iterable[tuple[StoreReader, dict[str, Any]]], label: str | None = None
+    sessions: Iterable[tuple[StoreReader, dict[str, Any]]], label: str | None = None, covers: str = "all"
 ) -> list[dict[str, Any]]:
     """The exchanges of `sessions` (`Stores.selected`) tallied per value of `label` (None: one group of
-    all), sorted by value, sessions without the label last as `-`. Each group has `label`, `value`,
-    `sessions`, `exchanges`, `finish_reasons` and `errors` (counts, most first, then by name; an
-    exchange with no finish reason counts as `none`), and `prompt_tokens` / `completion_tokens`:
-    `p50`, `p90`, `p99` and `count` (the exchanges that reported them)."""
+    all, whose value is `covers`, what the sessions are: see `covered`), sorted by value, sessions
+    without the label last as `-`. Each group has `label`, `value`, `covers`, `sessions`, `exchanges`,
+    `finish_reasons` and `errors` (counts, most first, then by name; an exchange with no finish reason
+    counts as `none`), and `prompt_tokens` / `completion_tokens`: `p50`, `p90`, `p99` and `count` (the
+    exchanges that reported them)."""
     tallies: dict[str, _Tally] = {}
     for reader, session in sessions:
-        value = session["labels"].get(label, UNLABELLED) if label else "all"
+        value = session["labels"].get(label, UNLABELLED) if label else covers
         tally = tallies.setdefault(value, _Tally())
         tally.sessions += 1
         for row in reader.exchanges(session["id"], bodies=False):
             tally.add(row)
     ordered = sorted(tallies.items(), key=lambda item: (item[0] == UNLABELLED, item[0]))
-    return [_group(label, value, tally) for value, tally in ordered]
+    return [_group(label, value, tally) | {"covers": covers} for value, tally in ordered]
 
 
 def percentile(values: Sequence[int], p: float) -> int | None:
@@ -79,7 +88,7 @@ def stats_table(groups: Sequence[dict[str, Any]]) -> str:
     if not groups:
         return "no exchanges recorded in the sessions chosen"
     head = (
-        (groups[0]["label"] or "group").upper(),
+        (groups[0]["label"] or "over").upper(),
         "SESSIONS",
         "EXCHANGES",
         "PROMPT p50/p90/p99",

@@ -12,7 +12,6 @@ reading (records/reader.py).
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,7 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from modeltap.readers.show import tail_line
-from modeltap.records.reader import StoreReader
+from modeltap.records.jsontext import dumps, for_terminal
+from modeltap.records.reader import StoreReader, StoreUnreadable
 from modeltap.records.schema import SCHEMA_VERSION, connect
 from modeltap.records.turns import turn_record
 
@@ -46,6 +46,7 @@ class _Followed:
     numbers: dict[str, int] = field(default_factory=dict)
     said_waiting: bool = False
     said_awaiting: bool = False
+    refused: bool = False
 
 
 def follow(
@@ -68,6 +69,8 @@ def follow(
     try:
         while True:
             for one in followed:
+                if one.refused:
+                    continue
                 if one.reader is None:
                     _open(one, session, history, as_json, out)
                 elif one.awaited is not None:
@@ -94,6 +97,15 @@ def _open(one: _Followed, session: str | None, history: int, as_json: bool, out:
                 file=sys.stderr,
             )
             one.said_waiting = True
+        return
+    except StoreUnreadable as exc:
+        # Not a records database, or not one modeltap made: waiting will not change it. Alone it ends
+        # the tail; among several it is skipped, said once.
+        if one.name is None:
+            raise
+        if not one.refused:
+            print(f"modeltap tail: skipped: {exc}", file=sys.stderr)
+            one.refused = True
         return
     except RuntimeError:
         if one.path.exists() and _newer_schema(one.path):
@@ -148,7 +160,7 @@ def _print(one: _Followed, row: dict[str, Any], as_json: bool, out: TextIO) -> N
         one.numbers[session] = number
     turn = turn_record(row, number)
     if as_json:
-        line = json.dumps(turn.as_json() | ({"store": one.name} if one.name else {}), ensure_ascii=False)
+        line = for_terminal(dumps(turn.as_json() | ({"store": one.name} if one.name else {}), compact=False))
     else:
         line = (f"[{one.name}] " if one.name else "") + tail_line(turn)
     out.write(line + "\n")

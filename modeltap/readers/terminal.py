@@ -1,9 +1,12 @@
-"""Text for a person at a terminal: a pager when it is taller than the screen, colour when it helps.
+"""Text for a person at a terminal: a pager when it is taller than the screen, colour when it helps,
+and never a control character that recorded text carries.
 
 Owns: whether output goes to a person (stdout is a terminal), running `$PAGER` (default `less -FRX`,
-as git does) for text taller than the terminal, and ANSI colour on a session view's lines: only on a
+as git does) for text taller than the terminal, ANSI colour on a session view's lines: only on a
 terminal and only when `NO_COLOR` is unset or empty (https://no-color.org/), never in a pipe or in
-JSON. Does not own: the text (show.py and the other readers).
+JSON; and writing every view through `text.printable` (`emit`, `say`), so an escape sequence in a
+recording (OSC 52 sets the clipboard, OSC 0 the title) is shown, never obeyed. Does not own: the text
+(show.py and the other readers).
 
     emit(session_turns(session_id, rows))     # paged and coloured on a terminal, plain in a pipe
 """
@@ -19,6 +22,8 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from typing import TextIO
+
+from modeltap.readers.text import printable
 
 # What pages a view taller than the terminal: quit at once when it fits after all (-F), pass colour
 # through (-R), leave the text on the screen on quitting (-X).
@@ -43,6 +48,7 @@ def emit(text: str, out: TextIO | None = None, env: Mapping[str, str] | None = N
     through the pager when it is taller than the terminal; elsewhere as it is."""
     out = sys.stdout if out is None else out
     env = os.environ if env is None else env
+    text = printable(text)
     if not out.isatty():
         out.write(text + "\n")
         return
@@ -50,6 +56,13 @@ def emit(text: str, out: TextIO | None = None, env: Mapping[str, str] | None = N
     if _rows(text, out) > _size(out).lines and _page(shown, env):
         return
     out.write(shown + "\n")
+
+
+def say(text: str, out: TextIO | None = None) -> None:
+    """Write `text` (and a newline) to `out` (stdout) as it is but for the control characters a
+    terminal would obey, written as their escapes (text.printable): what every reader's table goes
+    out through, since its cells are recorded text (labels, ids, replies)."""
+    (sys.stdout if out is None else out).write(printable(text) + "\n")
 
 
 def colour_wanted(env: Mapping[str, str]) -> bool:

@@ -10,17 +10,20 @@ stored (store.py, rollups.py).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON that UTF-8 can always encode: text as it is, unless it holds a lone surrogate (a
-    JavaScript agent cutting an emoji in half, a header byte that is not UTF-8), which is then kept as
-    its `\\uXXXX` escape: lossless, and still what `json.loads` reads back."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def dumps(value: Any, *, compact: bool = True) -> str:
+    """JSON that UTF-8 can always encode (compact, or with json's default spacing for a line people
+    read): text as it is, unless it holds a lone surrogate (a JavaScript agent cutting an emoji in
+    half, a header byte that is not UTF-8), which is then kept as its `\\uXXXX` escape: lossless, and
+    still what `json.loads` reads back."""
+    separators = (",", ":") if compact else None
+    text = json.dumps(value, ensure_ascii=False, separators=separators)
     if text.isascii() or _encodes(text):
         return text
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=True, separators=separators)
 
 
 def safe_text(value: str | None) -> str | None:
@@ -39,11 +42,23 @@ def _encodes(text: str) -> bool:
     return True
 
 
+# What JSON leaves as it is that a terminal obeys: DEL and the C1 controls (json escapes C0 itself).
+_JSON_UNESCAPED_CONTROLS = re.compile("[\x7f-\x9f]")
+
+
+def for_terminal(text: str) -> str:
+    """JSON text with DEL and the C1 controls written as `\\u` escapes, as it already writes C0: the
+    same JSON value, which a terminal shows instead of obeying (they occur only inside strings)."""
+    return _JSON_UNESCAPED_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def pretty(value: Any) -> str:
     """`value` as indented JSON, for a person. Indenting recurses in Python, a few frames a level, so a
-    body nested hundreds deep (the proxy accepts what its JSON parser does) comes out compact instead,
-    which the C encoder writes as deep as the parser read."""
+        body nested hundreds deep (the proxy accepts what its JSON parser does) comes out compact instead,
+        which the C encoder writes as deep as the parser read. UTF-8 can encode it (see dumps), and no
+    control character is left unescaped (for_terminal)."""
     try:
-        return json.dumps(value, indent=2, ensure_ascii=False)
+        text = json.dumps(value, indent=2, ensure_ascii=False)
     except RecursionError:
-        return json.dumps(value, ensure_ascii=False)
+        return for_terminal(dumps(value, compact=False))
+    return for_terminal(text) if text.isascii() or _encodes(text) else json.dumps(value, indent=2)

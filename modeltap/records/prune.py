@@ -52,6 +52,9 @@ class Freed:
     blobs: int = 0
     bytes: int = 0
     free_bytes: int = 0
+    # A dry run's: the sessions it would delete, newest first; nothing was deleted.
+    dry_run: bool = False
+    session_ids: tuple[str, ...] = ()
 
     def __add__(self, other: Freed) -> Freed:
         return Freed(
@@ -63,6 +66,11 @@ class Freed:
         )
 
     def text(self) -> str:
+        if self.dry_run:
+            return (
+                f"would prune {self.sessions} session(s), {self.exchanges} exchange(s) and {self.blobs} "
+                f"unshared blob(s): {_size(self.bytes)} of records (a dry run: nothing was deleted)"
+            )
         return (
             f"pruned {self.sessions} session(s), {self.exchanges} exchange(s) and {self.blobs} unshared "
             f"blob(s): {_size(self.bytes)} of records; the file now holds {_size(self.free_bytes)} of free "
@@ -89,9 +97,13 @@ def prune(
     before: float | None = None,
     keep_last: int | None = None,
     labels: Sequence[tuple[str, str]] = (),
+    dry_run: bool = False,
 ) -> Freed:
     """Delete the sessions (among those carrying all of `labels`) last active before `before`, or all
-    but the `keep_last` newest; exactly one of the two. Returns what it freed."""
+    but the `keep_last` newest; exactly one of the two. Returns what it freed. With `dry_run`, delete
+    nothing and return what it would free: the sessions (by id), their exchanges, the blobs no other
+    session shares and their bytes, read without taking the write lock (the token ids' nodes that a
+    prune also frees are not counted: finding them walks every live row)."""
     if (before is None) == (keep_last is None):
         raise ValueError("give either --before TIME or --keep-last N")
     if keep_last is not None and keep_last < 0:
@@ -101,6 +113,8 @@ def prune(
     try:
         migrate(conn)
         doomed = _chosen(path, before, keep_last, tuple(labels))
+        if dry_run:
+            return _would_free(conn, doomed)
         freed = Freed()
         for start in range(0, len(doomed), PRUNE_BATCH_SESSIONS):
             freed += _delete(conn, doomed[start : start + PRUNE_BATCH_SESSIONS])
@@ -152,6 +166,42 @@ def _chosen(
     if keep_last is not None:
         return [s["id"] for s in sessions[keep_last:]]
     return [s["id"] for s in sessions if (s["last"] or s["created"]) < (before or 0.0)]
+
+
+def _would_free(conn: Connection, session_ids: Sequence[str]) -> Freed:
+    """What deleting `session_ids` would free, counted in a temporary table of them: the main database
+    is only read. A blob is freed when every session that links it is among them (`refs` counts links)."""
+    conn.execute("CREATE TEMP TABLE doomed (id TEXT PRIMARY KEY)")
+    try:
+        conn.executemany("INSERT OR IGNORE INTO doomed (id) VALUES (?)", [(sid,) for sid in session_ids])
+        sessions = conn.execute(
+            "SELECT COUNT(*) FROM sessions WHERE id IN (SELECT id FROM doomed)"
+        ).fetchone()[0]
+        exchanges, stored = conn.execute(
+            """SELECT COUNT(*), COALESCE(SUM(COALESCE(LENGTH(request), 0) + COALESCE(LENGTH(sent), 0)
+                      + COALESCE(LENGTH(response), 0) + COALESCE(LENGTH(raw_sse), 0)), 0)
+               FROM exchanges WHERE session_id IN (SELECT id FROM doomed)"""
+        ).fetchone()
+        logprobs = conn.execute(
+            """SELECT COALESCE(SUM(LENGTH(logprobs)), 0) FROM exchange_tokens
+               WHERE session_id IN (SELECT id FROM doomed)"""
+        ).fetchone()[0]
+        blobs, blob_bytes = conn.execute(
+            """SELECT COUNT(*), COALESCE(SUM(LENGTH(b.data)), 0)
+               FROM (SELECT hash, COUNT(*) AS links FROM session_blobs
+                     WHERE session_id IN (SELECT id FROM doomed) GROUP BY hash) l
+               JOIN blobs b ON b.hash = l.hash WHERE b.refs - l.links <= 0"""
+        ).fetchone()
+    finally:
+        conn.execute("DROP TABLE temp.doomed")
+    return Freed(
+        sessions,
+        exchanges,
+        blobs,
+        stored + logprobs + blob_bytes,
+        dry_run=True,
+        session_ids=tuple(session_ids),
+    )
 
 
 def _delete(conn: Connection, session_ids: Sequence[str]) -> Freed:

@@ -54,7 +54,9 @@ class SessionQuery:
     - `since` / `until`: when it started, as a Unix time (`parse_when` reads what people type);
     - `search`: an id prefix, or a label value (the viewer's search box);
     - `changed_after`: only sessions whose row changed after this revision (the viewer's live poll);
-    - `limit`: at most this many (None: all).
+    - `limit`: at most this many (None: all);
+    - `unsessioned`: also the pseudo-session of the exchanges recorded without a session
+      (reader.NO_SESSION_ID), as the readers a person runs list it.
     """
 
     labels: tuple[tuple[str, str], ...] = ()
@@ -66,6 +68,7 @@ class SessionQuery:
     sort: Sort = "time"
     limit: int | None = None
     changed_after: int | None = None
+    unsessioned: bool = False
 
     def __post_init__(self) -> None:
         if self.sort not in SORTS:

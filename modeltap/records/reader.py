@@ -12,22 +12,100 @@ schema (schema.py), writing (store.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from modeltap import __version__
-from modeltap.records import query, token_store
+from modeltap.records import query, rollups, token_store
 from modeltap.records.query import SESSION_COLUMNS, SessionQuery
-from modeltap.records.schema import SCHEMA_VERSION, connect
+from modeltap.records.schema import SCHEMA_VERSION, connect, made_objects, objects
 
+# The session every exchange recorded without one is listed under (a body that is not JSON, a request
+# refused before it was named): each reader lists it as a session, so `sessions --errors`, `show`,
+# `grep` and the viewer reach those exchanges too. A pseudo-session, not a row of the store, as
+# mitmproxy lists every flow: nothing is written for it, and a real session of that name wins.
+NO_SESSION_ID = "no-session"
+NO_SESSION_NOTE = "exchanges recorded without a session: bodies that are not JSON, refusals before naming"
 # Blobs a reader keeps in memory, undecoded: turn k of a session repeats the messages of the turns
 # before it, so `show` reads each once instead of once per later turn (a 30-turn session: ~60 blobs
 # of ~1 kB, not ~1,400 lookups).
 READER_BLOBS_MAX = 4096
+
+# The longest any one statement of a reader may run: the slowest a reader runs on a store at a
+# training run's scale takes well under a second (docs/performance.md), so one past this is a store
+# built to hang its readers, or a disk gone bad. Checked every PROGRESS_STEPS of SQLite's VM.
+QUERY_TIMEOUT_S = 30.0
+PROGRESS_STEPS = 10_000
+
+
+class StoreUnreadable(RuntimeError):
+    """A records database a reader refuses or cannot go on reading: not a database, damaged, not one
+    modeltap made (objects it did not make), or a statement past QUERY_TIMEOUT_S. Its message names
+    the file, in one line."""
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose every failure, while executing or fetching, is a StoreUnreadable naming the file."""
+
+    connection: _Connection
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        self.connection.deadline = time.monotonic() + self.connection.timeout_s
+        with self.connection.guarded():
+            super().execute(sql, parameters)
+        return self
+
+    def fetchone(self) -> Any:
+        with self.connection.guarded():
+            return super().fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self.connection.guarded():
+            return super().fetchall()
+
+    def __next__(self) -> Any:
+        with self.connection.guarded():
+            return super().__next__()
+
+
+class _Connection(sqlite3.Connection):
+    """A reader's connection: each statement runs on a `_Cursor` and stops past its deadline, or at
+    once after `interrupt` (a viewer stopping on SIGTERM)."""
+
+    path = Path()
+    deadline = 0.0
+    timeout_s = QUERY_TIMEOUT_S
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _Cursor:
+        return self.cursor(_Cursor).execute(sql, parameters)
+
+    def watch(self, path: Path) -> None:
+        self.path = path
+        self.set_progress_handler(self._past_deadline, PROGRESS_STEPS)
+
+    def _past_deadline(self) -> int:
+        return int(time.monotonic() > self.deadline)
+
+    @contextlib.contextmanager
+    def guarded(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "interrupted" not in str(exc):
+                raise StoreUnreadable(f"records database {self.path} cannot be read: {exc}") from None
+            raise StoreUnreadable(
+                f"records database {self.path}: a query was stopped (past {self.timeout_s:.0f} s, or "
+                "the reader is stopping)"
+            ) from None
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnreadable(f"records database {self.path} cannot be read: {exc}") from None
+
 
 _SUMMARY_COLUMNS = (
     "seq, id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
@@ -51,22 +129,49 @@ class StoreReader:
                 f"no records database at {path} (give --store PATH or set MODELTAP_STORE)"
             )
         self.path = path
-        self._conn = connect(path, readonly=True)
+        try:
+            conn = connect(path, readonly=True, factory=_Connection)
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnreadable(f"records database {path} cannot be opened: {exc}") from None
+        assert isinstance(conn, _Connection)
+        conn.watch(path)
+        self._conn = conn
         self._texts: dict[str, bytes] = {}
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            self._check()
+        except BaseException:
+            conn.close()
+            raise
+
+    def _check(self) -> None:
+        """Refuse a database this release does not read: not modeltap's schema version, or holding
+        objects modeltap does not make (a view named `sessions` whose recursive query never ends)."""
+        path = self.path
+        try:
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        except StoreUnreadable:
+            raise StoreUnreadable(f"{path} is not a records database (not SQLite, or damaged)") from None
         if version > SCHEMA_VERSION:
-            self._conn.close()
             raise RuntimeError(
                 f"records database {path} has schema version {version}, newer than this modeltap "
                 f"({__version__}, schema {SCHEMA_VERSION}) reads: upgrade modeltap to read it"
             )
         if version < SCHEMA_VERSION:
-            self._conn.close()
             raise RuntimeError(
                 f"records database {path} has schema version {version}, older than this modeltap's "
                 f"{SCHEMA_VERSION}; it is upgraded in place on its next write: run `modeltap vacuum --store "
                 f"{path}` once (or `modeltap serve --store {path}`)"
             )
+        found, made = objects(self._conn), made_objects()
+        if found != made:
+            odd = sorted(f"{kind} {name}" for kind, name in found ^ made)
+            raise StoreUnreadable(
+                f"{path} is not a records database modeltap made: its schema differs ({', '.join(odd[:5])})"
+            )
+
+    def interrupt(self) -> None:
+        """Stop the statement running on this reader, from any thread: it raises StoreUnreadable."""
+        self._conn.interrupt()
 
     def close(self) -> None:
         self._conn.close()
@@ -81,13 +186,54 @@ class StoreReader:
         """The sessions `query` selects (default: all), newest first, each with its exchange count,
         time span, token totals, error count, model, and rollout reward and outcome (None for a
         session that is not a rollout). Read from the session rows, through an index."""
-        sql, args = (query or SessionQuery()).sql()
-        return [_session(row) for row in self._conn.execute(sql, args)]
+        query = query or SessionQuery()
+        sql, args = query.sql()
+        rows = [_session(row) for row in self._conn.execute(sql, args)]
+        unsessioned = self._unsessioned(query)
+        return rows if unsessioned is None else query.merge([rows, [unsessioned]])
+
+    def _unsessioned(self, query: SessionQuery) -> dict[str, Any] | None:
+        """The pseudo-session of the exchanges recorded without a session (NO_SESSION_ID), as a session
+        row, when there are some and `query` asks for it and selects it (it has no labels, outcome or
+        revision)."""
+        if not query.unsessioned or query.labels or query.outcome or query.changed_after is not None:
+            return None
+        if query.search and not NO_SESSION_ID.startswith(query.search):
+            return None
+        row = self._conn.execute(_UNSESSIONED_SQL).fetchone()
+        if not row["exchanges"] or self._has_session(NO_SESSION_ID):
+            return None
+        created = row["first"]
+        if (query.errors and not row["errors"]) or (query.since is not None and created < query.since):
+            return None
+        if query.until is not None and created >= query.until:
+            return None
+        columns = [name.strip().removeprefix("s.") for name in SESSION_COLUMNS.split(",")]
+        out: dict[str, Any] = dict.fromkeys(columns) | dict(row)
+        return out | {
+            "id": NO_SESSION_ID,
+            "created": created,
+            "labels": {},
+            "rev": 0,
+            "note": NO_SESSION_NOTE,
+        }
+
+    def _has_session(self, session_id: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is not None
+
+    def count(self, query: SessionQuery | None = None) -> int:
+        """How many sessions `query` selects, its limit aside (through the same index as `sessions`)."""
+        query = dataclasses.replace(query or SessionQuery(), limit=None)
+        sql, args = query.sql()
+        counted = int(self._conn.execute(f"SELECT COUNT(*) FROM ({sql})", args).fetchone()[0])
+        return counted + (self._unsessioned(query) is not None)
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         """One session's row, as `sessions` gives it; None when there is none."""
         row = self._conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions s WHERE id = ?", (session_id,))
         found = row.fetchone()
+        if found is None and session_id == NO_SESSION_ID:
+            return self._unsessioned(SessionQuery(unsessioned=True))
         return None if found is None else _session(found)
 
     def groups(self, label: str) -> list[dict[str, Any]]:
@@ -101,14 +247,18 @@ class StoreReader:
 
     def revision(self) -> int:
         """The store's latest revision: `SessionQuery(changed_after=…)` lists what changed after it."""
-        return int(self._conn.execute("SELECT COALESCE(MAX(rev), 0) FROM sessions").fetchone()[0])
+        return rollups.revision(self._conn)
 
     def session_ids(self, prefix: str, limit: int | None = None) -> list[str]:
         """Session ids starting with `prefix` (at most `limit`), so a person can type the first few
         characters."""
         low, high = query.id_range(prefix)
         sql = "SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
-        return [row[0] for row in self._conn.execute(sql, (low, high, -1 if limit is None else limit))]
+        ids = [row[0] for row in self._conn.execute(sql, (low, high, -1 if limit is None else limit))]
+        if NO_SESSION_ID.startswith(prefix) and NO_SESSION_ID not in ids:
+            if self._unsessioned(SessionQuery(unsessioned=True)) is not None:
+                ids = sorted([*ids, NO_SESSION_ID])[: limit if limit is not None else None]
+        return ids
 
     def exchanges(
         self,
@@ -124,8 +274,9 @@ class StoreReader:
         sql = f"SELECT {columns} FROM exchanges WHERE seq > ?"
         args: list[Any] = [after_seq]
         if session_id is not None:
-            sql += " AND session_id = ?"
-            args.append(session_id)
+            clause, more = self._of_session(session_id)
+            sql += f" AND {clause}"
+            args += more
         sql += " ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
@@ -138,16 +289,24 @@ class StoreReader:
         sql = f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges"
         args: list[Any] = []
         if session_id is not None:
-            sql += " WHERE session_id = ?"
-            args.append(session_id)
+            clause, more = self._of_session(session_id)
+            sql += f" WHERE {clause}"
+            args += more
         with self._snapshot():
             rows = self._conn.execute(sql + " ORDER BY seq DESC LIMIT ?", (*args, count)).fetchall()
             return [self._row(row, True) for row in reversed(rows)]
 
     def turn_number(self, session_id: str, seq: int) -> int:
         """The number (from 1) of exchange `seq` among its session's turns."""
-        sql = "SELECT COUNT(*) FROM exchanges WHERE session_id = ? AND seq <= ?"
-        return int(self._conn.execute(sql, (session_id, seq)).fetchone()[0])
+        clause, args = self._of_session(session_id)
+        sql = f"SELECT COUNT(*) FROM exchanges WHERE {clause} AND seq <= ?"
+        return int(self._conn.execute(sql, (*args, seq)).fetchone()[0])
+
+    def _of_session(self, session_id: str) -> tuple[str, list[Any]]:
+        """The WHERE clause of a session's exchanges: the pseudo-session's are those with none."""
+        if session_id == NO_SESSION_ID and not self._has_session(NO_SESSION_ID):
+            return "session_id IS NULL", []
+        return "session_id = ?", [session_id]
 
     def exchange(self, exchange_id: str) -> dict[str, Any] | None:
         with self._snapshot():
@@ -253,6 +412,16 @@ class StoreReader:
             if len(self._texts) > READER_BLOBS_MAX:
                 self._texts.pop(next(iter(self._texts)))
         return json.loads(text)
+
+
+# The pseudo-session's totals, through the index of exchanges by session (NULL session ids included).
+_UNSESSIONED_SQL = """
+    SELECT COUNT(*) AS exchanges, MIN(started) AS first, MAX(COALESCE(ended, started)) AS last,
+           SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens,
+           COALESCE(SUM(error_class IS NOT NULL), 0) AS errors,
+           (SELECT model FROM exchanges WHERE session_id IS NULL AND model IS NOT NULL
+            ORDER BY seq DESC LIMIT 1) AS model
+    FROM exchanges WHERE session_id IS NULL"""
 
 
 def _session(row: sqlite3.Row) -> dict[str, Any]:

@@ -9,8 +9,12 @@ writer thread, the exchange rows or the blobs (store.py), the queries that read 
 (query.py), deleting sessions (prune.py).
 
 A session's `rev` is the store's revision counter at its last change, so a reader that polls asks only
-for `rev > last seen` (the viewer's live update). Every function here runs on a connection the
-caller holds inside a transaction: the writer thread's, or prune's.
+for `rev > last seen` (the viewer's live update). The counter lives in the store (`revision`, one row),
+read at the start of each write transaction and written back before it commits: several writers of
+one store (a second `serve`, `replay`, the demo) take turns at SQLite's write lock, so each continues
+where the last one stopped and no two changes share a revision; a pruned session takes none back.
+Every function here runs on a connection the caller holds inside a transaction: the writer thread's,
+or prune's.
 
     tally = rollups.tally(conn)
     tally.exchange("s-1", labels, started=..., ended=..., model="m", prompt=12, completion=3, error=False)
@@ -102,6 +106,20 @@ INSERT INTO label_groups (key, value, sessions, exchanges, prompt_tokens, comple
 """
 
 
+# A later schema step: the revision counter as a row of the store, so that writers in several processes
+# share it (before, each continued from the sessions' highest `rev` once, at its start, and two writers
+# handed out the same revisions: the viewer's live update missed changes).
+REVISION_MIGRATION = """
+CREATE TABLE revision (id INTEGER PRIMARY KEY CHECK (id = 0), rev INTEGER NOT NULL);
+INSERT INTO revision (id, rev) SELECT 0, COALESCE(MAX(rev), 0) FROM sessions
+"""
+
+
+def revision(conn: Connection) -> int:
+    """The store's revision counter: every change so far has a revision at most this."""
+    return int(conn.execute("SELECT rev FROM revision").fetchone()[0])
+
+
 def upgrade(conn: Connection) -> None:
     """Schema 2 -> 3: add the tables and columns, and fill them from what is stored."""
     for script in (SCHEMA_3, _BACKFILL):
@@ -136,15 +154,12 @@ class Totals:
 
 
 class Rollups:
-    """The writer's side of the aggregates: the revision counter and the sessions it knows exist."""
+    """The writer's side of the aggregates: the revision counter of the transaction under way and the
+    sessions it knows exist."""
 
     def __init__(self) -> None:
         self.rev = 0
         self._labels: OrderedDict[str, dict[str, str]] = OrderedDict()
-
-    def start(self, conn: Connection) -> None:
-        """Continue the store's revision counter."""
-        self.rev = conn.execute("SELECT COALESCE(MAX(rev), 0) FROM sessions").fetchone()[0]
 
     def forget(self) -> None:
         """Drop what is remembered of the rows: a rollback undid it, or another process (prune)
@@ -152,8 +167,10 @@ class Rollups:
         self._labels.clear()
 
     def tally(self, conn: Connection) -> Tally:
-        """A tally for one transaction on `conn`."""
-        return Tally(self, conn)
+        """A tally for one write transaction on `conn` (begun): it continues the store's revision
+        counter as the transaction finds it, and `flush` writes the counter back."""
+        self.rev = revision(conn)
+        return Tally(self, conn, self.rev)
 
     def next_rev(self) -> int:
         self.rev += 1
@@ -175,10 +192,12 @@ class Rollups:
 @dataclass(slots=True)
 class Tally:
     """What one write transaction changes in the aggregates. Rows are created at once; totals are
-    added up in memory and applied by `flush`, one UPDATE per session and one per group."""
+    added up in memory and applied by `flush`, one UPDATE per session and one per group, with the
+    revision counter (`_rev`: as the store holds it)."""
 
     rollups: Rollups
     conn: Connection
+    _rev: int
     _deltas: dict[str, _Delta] = field(default_factory=dict)
 
     def session(
@@ -320,6 +339,9 @@ class Tally:
         self._deltas.clear()
         for (key, value), total in groups.items():
             _add_to_group(self.conn, key, value, total, 1)
+        if self.rollups.rev != self._rev:
+            self.conn.execute("UPDATE revision SET rev = ?", (self.rollups.rev,))
+            self._rev = self.rollups.rev
 
 
 def session_totals(conn: Connection, session_id: str) -> Totals | None:

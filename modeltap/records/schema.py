@@ -12,6 +12,7 @@ references.py, token_store.py) and a migration step calls.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -83,16 +84,22 @@ MIGRATIONS: tuple[Migration, ...] = (
     _rollups_and_references,
     # 4: token ids and token-history breaks (`serve --token-ids`)
     token_store.MIGRATION,
-    # 5: each completion's weight version and seed, and the mask of rendered ids (`serve --tokens`)
+    # 5: the revision counter as a row of the store, shared by every writer (rollups.py)
+    rollups.REVISION_MIGRATION,
+    # 6: each completion's weight version and seed, and the mask of rendered ids (`serve --tokens`)
     token_store.SAMPLING_MIGRATION,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
-    """A connection with modeltap's settings; read-only connections cannot write by accident."""
+def connect(
+    path: Path | str, *, readonly: bool = False, factory: type[sqlite3.Connection] = sqlite3.Connection
+) -> sqlite3.Connection:
+    """A connection with modeltap's settings; read-only connections cannot write by accident.
+    `factory`: the connection's class (a reader's checks every statement)."""
     if readonly:
-        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, check_same_thread=False)
+        uri = f"file:{Path(path)}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, factory=factory)
         conn.execute("PRAGMA query_only = ON")
     else:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +139,24 @@ def migrate(conn: sqlite3.Connection) -> int:
             conn.execute("ROLLBACK")
             raise
     return SCHEMA_VERSION
+
+
+def objects(conn: sqlite3.Connection) -> frozenset[tuple[str, str]]:
+    """The (type, name) of every table, index, view and trigger in the database but SQLite's own."""
+    rows = conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
+    return frozenset((row[0], row[1]) for row in rows)
+
+
+@functools.cache
+def made_objects() -> frozenset[tuple[str, str]]:
+    """What the migrations make, at SCHEMA_VERSION: the objects a store of this release holds, and
+    the only ones (a reader refuses a store with others: a view named `sessions` could run forever)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        migrate(conn)
+        return objects(conn)
+    finally:
+        conn.close()
 
 
 def wal_path(path: Path) -> Path:

@@ -97,7 +97,6 @@ class SqlWriter:
             migrate(conn)
         except (OSError, sqlite3.Error) as exc:
             raise RuntimeError(f"cannot open the record store {self.path.resolve()}: {exc}") from exc
-        self._rollups.start(conn)
         self._conn = conn
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from modeltap.records.query import SessionQuery, merge_groups
-from modeltap.records.reader import StoreReader
+from modeltap.records.reader import StoreReader, StoreUnreadable
 
 # How many matches of an id prefix an ambiguity message names.
 AMBIGUOUS_SHOWN = 10
@@ -108,29 +108,48 @@ def expand(patterns: Sequence[str], *, missing_ok: bool = False) -> list[Path]:
 class Stores:
     """Readers of several records databases, as one set of sessions. `several` says whether rows
     need their store named; `missing` lists paths that do not exist (yet) when opened with
-    `missing_ok`."""
+    `missing_ok`; `refused` the stores skipped among several, each with the one line saying why."""
 
-    def __init__(self, readers: Sequence[StoreReader], missing: Sequence[Path] = ()) -> None:
+    def __init__(
+        self, readers: Sequence[StoreReader], missing: Sequence[Path] = (), refused: Sequence[str] = ()
+    ) -> None:
         self.readers = list(readers)
         self.missing = list(missing)
+        self.refused = list(refused)
 
     @classmethod
     def open(cls, patterns: Sequence[str], *, missing_ok: bool = False) -> Stores:
         """Readers of what `patterns` name (see `expand`). Without `missing_ok`, a path that does not
-        exist raises FileNotFoundError, as StoreReader does."""
+        exist raises FileNotFoundError, as StoreReader does. A store a reader refuses (StoreUnreadable:
+        not a records database, damaged, not modeltap's) raises when it is the only one; among several
+        it is skipped, and `refused` says so, so one bad file of a glob over nodes hides no other."""
         readers: list[StoreReader] = []
         missing: list[Path] = []
+        refused: list[str] = []
         try:
-            for path in expand(patterns, missing_ok=missing_ok):
+            paths = expand(patterns, missing_ok=missing_ok)
+            for path in paths:
                 if missing_ok and not path.exists():
                     missing.append(path)
-                else:
+                    continue
+                try:
                     readers.append(StoreReader(path))
+                except StoreUnreadable as exc:
+                    if len(paths) == 1:
+                        raise
+                    refused.append(f"skipped: {exc}")
+            if paths and not readers and not missing:
+                raise StoreUnreadable("; ".join(refused))
         except BaseException:
             for reader in readers:
                 reader.close()
             raise
-        return cls(readers, missing)
+        return cls(readers, missing, refused)
+
+    def interrupt(self) -> None:
+        """Stop every statement running on these readers (from another thread)."""
+        for reader in self.readers:
+            reader.interrupt()
 
     def close(self) -> None:
         for reader in self.readers:
@@ -158,6 +177,10 @@ class Stores:
                 asked = dataclasses.replace(query, changed_after=revisions[index])
             answers.append([row | {"store": str(reader.path)} for row in reader.sessions(asked)])
         return query.merge(answers)
+
+    def count(self, query: SessionQuery) -> int:
+        """How many sessions `query` selects in every store, its limit aside."""
+        return sum(reader.count(query) for reader in self.readers)
 
     def selected(self, query: SessionQuery) -> list[tuple[StoreReader, dict[str, Any]]]:
         """The sessions `query` selects (as `sessions` gives them), each with the reader of its store,

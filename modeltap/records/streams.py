@@ -16,6 +16,13 @@ from modeltap.dialects.roles import Streams
 from modeltap.dialects.sse import split_events
 
 
+def asks_usage(request: Any) -> bool:
+    """Whether a request asks for a usage chunk at the end of an OpenAI stream (`stream_options` may be
+    anything a client sent: only an object saying `include_usage: true` asks)."""
+    options = request.get("stream_options") if isinstance(request, dict) else None
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
 def stream_events(ex: dict[str, Any], raw: bytes | None, *, include_usage: bool | None = None) -> list[bytes]:
     """The recorded response of `ex` as SSE events, each ending in its blank line: `raw` split at event
     boundaries when it was kept, else synthesised from the assembled body. `include_usage` (default:
@@ -27,7 +34,7 @@ def stream_events(ex: dict[str, Any], raw: bytes | None, *, include_usage: bool 
     if not isinstance(request, dict):
         request = {}
     if include_usage is None:
-        include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        include_usage = asks_usage(request)
     dialect = dialects.of_record(ex["endpoint"])
     if not isinstance(dialect, Streams):
         return []

@@ -134,10 +134,26 @@ class Turn:
         """The request as the client sent it, when the turn carries its bodies."""
         return self.bodies.request if self.bodies is not None else None
 
+    @property
+    def sent_because(self) -> str | None:
+        """Why the body that went upstream is not the one the client sent (`translated to chat`,
+        `max_tokens clamped 4000 → 3086`, both), or what else changed it; None when it went as sent."""
+        reasons = []
+        if self.translated:
+            reasons.append(f"translated to {self.translated}")
+        budget = self.budget
+        if budget is not None and budget.action == "clamp":
+            asked = budget.requested if budget.requested is not None else "none"
+            reasons.append(f"{budget.field or 'completion cap'} clamped {asked} → {budget.allowed}")
+        if not reasons and self.bodies is not None and self.bodies.sent is not None:
+            # Neither: the one other rewrite, the empty text block AReaL's converter needs (relay.py).
+            reasons.append("rewritten for AReaL's converter")
+        return "; ".join(reasons) or None
+
     def as_json(self) -> dict[str, Any]:
         """The turn as the JSON readers print (`show --json`, `tail --json`, the viewer's app.js):
-        its fields by name, `number` as `turn`, an error as `{"class", "message"}`, and the bodies
-        (`request`, `sent`, `response`, `received`) beside the rest when it carries them."""
+        its fields by name, `number` as `turn`, an error as `{"class", "message"}`, `sent_because`, and
+        the bodies (`request`, `sent`, `response`, `received`) beside the rest when it carries them."""
         # Field by field rather than dataclasses.asdict, which would deep-copy the bodies.
         out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["turn"] = out.pop("number")
@@ -145,6 +161,7 @@ class Turn:
             if out[name] is not None:
                 out[name] = dataclasses.asdict(out[name])
         out["error"] = self.error.as_json() if self.error is not None else None
+        out["sent_because"] = self.sent_because
         bodies = out.pop("bodies")
         if bodies is not None:
             out |= {field.name: getattr(bodies, field.name) for field in dataclasses.fields(bodies)}

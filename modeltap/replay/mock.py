@@ -37,7 +37,7 @@ from modeltap import dialects
 from modeltap.dialects.base import ApiError, route_suffix
 from modeltap.dialects.roles import Streams
 from modeltap.records.reader import StoreReader
-from modeltap.records.streams import stream_events
+from modeltap.records.streams import asks_usage, stream_events
 from modeltap.replay.replay import without_session
 
 # Request fields that say how to deliver an answer or who asks, not what is asked: a mock matches
@@ -46,9 +46,15 @@ from modeltap.replay.replay import without_session
 VOLATILE_FIELDS = frozenset({"stream", "stream_options", "metadata"})
 # What says which kind of request a body is, for turn order: see `shape_digest`.
 SHAPE_FIELDS = ("model", "tools")
-# How much of a differing message a divergence quotes.
+# How much of a differing message a divergence quotes, from a few characters before where it parts.
 QUOTE_CHARS = 60
+QUOTE_BEFORE_CHARS = 10
 MATCH_HEADER = "x-modeltap-mock-match"
+# The header the openai and anthropic SDKs (Stainless-generated) read before retrying: "false" stops
+# them (openai-python src/openai/_base_client.py, `_should_retry`).
+SHOULD_RETRY_HEADER = "x-should-retry"
+_MODELS = dialects.named("models")
+MODELS_MATCH = "not recorded: the models the recorded requests name"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +133,13 @@ class Mock:
 
 
 def divergence(recorded: dict[str, Any], body: Any) -> str:
-    """Where `body` parts from the request `recorded` holds, in words: the first message that differs
-    (with both sides quoted), or the first other field.
+    """Where `body` parts from the request `recorded` holds, in words: the first message that differs,
+    both sides quoted from where they part (a shared system prompt is not quoted twice), or the first
+    other field.
 
     >>> divergence({"endpoint": "chat", "request": {"messages": [{"role": "user", "content": "hi"}]}},
     ...            {"messages": [{"role": "user", "content": "ho"}]})
-    "diverged at message 1 (user): recorded 'hi', sent 'ho'"
+    "diverged at message 1 (user), character 2: recorded 'i', sent 'o'"
     """
     before = recorded.get("request")
     if not isinstance(before, dict) or not isinstance(body, dict):
@@ -141,7 +148,7 @@ def divergence(recorded: dict[str, Any], body: Any) -> str:
     old, new = dialect.history(before), dialect.history(body)
     for index, (was, now) in enumerate(zip(old, new, strict=False), 1):
         if was != now:
-            return f"diverged at message {index} ({_role(now)}): recorded {_quote(was)}, sent {_quote(now)}"
+            return f"diverged at message {index} ({_role(now)}), {_parted(was, now)}"
     if len(old) != len(new):
         return f"diverged after message {min(len(old), len(new))}: recorded {len(old)}, sent {len(new)}"
     fields = sorted((set(before) | set(body)) - VOLATILE_FIELDS)
@@ -153,10 +160,29 @@ def _role(message: Any) -> str:
     return str(message.get("role", "?")) if isinstance(message, dict) else type(message).__name__
 
 
-def _quote(message: Any) -> str:
+def _parted(was: Any, now: Any) -> str:
+    """Where two messages part: their texts (or, when those are the same, their JSON) from the first
+    character that differs, a little before it for context."""
+    old, new = _text(was), _text(now)
+    if old == new:  # the same text: another field (a tool call), in an order both sides share
+        old, new = _json(was, sort_keys=True), _json(now, sort_keys=True)
+    at = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new)))
+    start = max(at - QUOTE_BEFORE_CHARS, 0)
+    return f"character {at + 1}: recorded {_quote(old, start)}, sent {_quote(new, start)}"
+
+
+def _text(message: Any) -> str:
     content = message.get("content") if isinstance(message, dict) else message
-    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-    return repr(text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 1] + "…")
+    return content if isinstance(content, str) else _json(content)
+
+
+def _json(value: Any, *, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
+
+
+def _quote(text: str, start: int) -> str:
+    cut = text[start : start + QUOTE_CHARS]
+    return repr(("…" if start else "") + cut + ("…" if start + QUOTE_CHARS < len(text) else ""))
 
 
 def load_mock(
@@ -246,14 +272,16 @@ async def _head(request: web.Request) -> web.Response:
 
 async def _answer(request: web.Request) -> web.StreamResponse:
     mock = request.app[_MOCK]
-    raw = await request.read()
+    body = _parsed(await request.read())
     try:
-        # Whatever JSON value the client sent, or its text when it is not JSON.
-        body: Any = json.loads(raw) if raw else None
-    except ValueError:
-        body = raw.decode("utf-8", "replace")
-    match = mock.match(request.method, request.path_qs, body)
-    request.app[_LOG](f"{request.method} {without_session(request.path)}  {match.how}")
+        match = mock.match(request.method, request.path_qs, body)
+    except RecursionError:  # a body nested deeper than Python compares: no recorded one is like it
+        match = Match(None, "no match: the body nests deeper than any recorded one")
+    listed = _models(request, mock) if match.entry is None else None
+    how = MODELS_MATCH if listed is not None else match.how
+    request.app[_LOG](f"{request.method} {without_session(request.path)}  {how}")
+    if listed is not None:
+        return listed
     if match.entry is None:
         return _no_match(request, mock, match.how)
     entry, ex = match.entry, match.entry.exchange
@@ -266,12 +294,38 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     wants_stream = isinstance(body, dict) and body.get("stream") is True
     streams = isinstance(dialects.of_record(ex["endpoint"]), Streams)
     if wants_stream and status == 200 and streams and ex.get("response") is not None:
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = stream_events(ex, entry.raw_sse, include_usage=include_usage)
+        events = stream_events(ex, entry.raw_sse, include_usage=asks_usage(body))
         return await _stream(request, events, headers, ex if mock.realtime else None)
     if mock.realtime and ex["ended"]:
         await asyncio.sleep(ex["ended"] - ex["started"])
     return web.json_response(ex.get("response"), status=status, headers=headers)
+
+
+def _parsed(raw: bytes) -> Any:
+    """Whatever JSON value the client sent, or its text when it is not JSON (or nests deeper than
+    Python's parser goes)."""
+    try:
+        return json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        return raw.decode("utf-8", "replace")
+
+
+def _models(request: web.Request, mock: Mock) -> web.Response | None:
+    """`GET /v1/models` (or one model's card) when none was recorded: the models the recorded requests
+    named, so an SDK that lists models first (the quickstart's snippet) gets on to its requests."""
+    routed = dialects.for_route(route_key(request.path))
+    if request.method != "GET" or routed is None or routed[0] is not _MODELS:
+        return None
+    names = [
+        e.exchange["request"].get("model") if isinstance(e.exchange["request"], dict) else None
+        for e in mock.recorded
+    ]
+    served = list(dict.fromkeys(name for name in names if isinstance(name, str) and name))
+    started = min(e.exchange["started"] for e in mock.recorded)
+    answer = _MODELS.local_answer(served, started, routed[1])
+    if answer is None:
+        return None
+    return web.json_response(answer, headers={MATCH_HEADER: MODELS_MATCH})
 
 
 async def _stream(
@@ -295,11 +349,16 @@ async def _stream(
 
 
 def _no_match(request: web.Request, mock: Mock, how: str) -> web.Response:
-    """Nothing recorded answers the request: a 409 under strict (the agent went off script), else 404."""
+    """Nothing recorded answers the request: a 409 under strict (the agent went off script), else 404.
+    Either says `x-should-retry: false`, which the openai and anthropic SDKs obey: they would otherwise
+    send a 409 again twice (their `_should_retry` retries 408, 409, 429 and 5xx), and the log would
+    show one request going off script three times."""
     hint = "" if mock.ordered else "; without --session only exact bodies match"
     message = f"modeltap mock ({len(mock.recorded)} recorded exchange(s)): {how}{hint}"
+    no_retry = {SHOULD_RETRY_HEADER: "false"}
     if mock.strict:
         error = ApiError(message, code="mock_off_script")
-        return web.json_response(dialects.for_error(request.path).error_body(error), status=409)
+        body = dialects.for_error(request.path).error_body(error)
+        return web.json_response(body, status=409, headers=no_retry)
     error = ApiError(message, anthropic_type="not_found_error", code="no_recorded_exchange")
-    return web.json_response(dialects.for_error(request.path).error_body(error), status=404)
+    return web.json_response(dialects.for_error(request.path).error_body(error), status=404, headers=no_retry)

@@ -140,6 +140,11 @@ async def test_sdk_traffic_arrives_as_spans_with_exact_attributes(
             "server.port": port,
             "modeltap.label.task_id": "t1",
             "modeltap.label.client": f"{provider}-python",
+            "openinference.span.kind": "LLM",
+            "llm.model_name": model,
+            "llm.token_count.prompt": usage[0],
+            "llm.token_count.completion": usage[1],
+            "llm.token_count.total": sum(usage),
         }
         if provider == "anthropic":
             expected["gen_ai.request.max_tokens"] = 256

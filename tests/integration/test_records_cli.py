@@ -222,9 +222,9 @@ def test_mock_serves_the_session_to_the_sdk_and_to_replay(
     assert mock.stderr is not None
     log = mock.stderr.read().splitlines()
     assert log[:2] == [
-        "POST /v1/chat/completions  next in order #1 (diverged at message 1 (user): "
+        "POST /v1/chat/completions  next in order #1 (diverged at message 1 (user), character 1: "
         "recorded 'Run `echo $((6 * 7))` and reply with the number.', sent 'What is 6 * 7? Use the shell.')",
-        "POST /v1/chat/completions  next in order #2 (diverged at message 1 (user): "
+        "POST /v1/chat/completions  next in order #2 (diverged at message 1 (user), character 1: "
         "recorded 'Run `echo $((6 * 7))` and reply with the number.', sent 'What is 6 * 7? Use the shell.')",
     ]
     assert log[2:] == ["POST /v1/chat/completions  exact #1", "POST /v1/chat/completions  exact #2"]  # replay

@@ -1,9 +1,12 @@
-"""The first hour, as a new user lives it: the README's quickstart run as it is written, from a fresh
-venv installed from a copy of the repository, against a vLLM stand-in on the port the quickstart names;
-then the commands a user reaches for next. Each step checks the promises the README makes of it.
+"""The first hour, as a new user lives it, on a machine with no model server: every code block of the
+README run as it is written. `make demo` from a copy of the repository; a fresh venv installed as the
+quickstart says; `modeltap demo --model-only` as the model server, then the quickstart's agents and
+SDKs through `modeltap serve` and the three debugging commands; the quickstart again against AReaL's
+layout and a chat-only server on the same port; then the commands a user reaches for next. Each step
+checks the promises the README makes of it, and the last test that no block went unrun.
 
-The quickstart's code blocks are read from README.md, not copied here: a change to the README that
-breaks a user's first steps breaks this test.
+The code blocks are read from README.md, not copied here: a change to the README that breaks a
+user's first steps breaks this test.
 """
 
 from __future__ import annotations
@@ -31,6 +34,20 @@ from tests.standins.openai_like import OpenAILikeStandIn
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+# The blocks the journey has run, by text; `test_every_block_of_the_readme_ran` checks against the README.
+RAN: set[str] = set()
+# Lines of a block the journey does not run, with why.
+NOT_RUN = {"make test": "the journey is one of the tiers it runs"}
+MAKE_DEMO_TIMEOUT_S = 900
+# Where a machine names the CA bundles its HTTPS clients trust (npm's, pip's, curl's, OpenSSL's).
+TLS_VARIABLES = (
+    "NODE_EXTRA_CA_CERTS",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+)
 # What the quickstart's snippets name: the upstream's port and the model it serves.
 UPSTREAM_PORT = 8000
 MODEL = "Qwen2.5-Coder-7B-Instruct"
@@ -53,16 +70,28 @@ class Block:
     text: str
 
 
+def readme_blocks() -> list[Block]:
+    """Every fenced code block of the README, in order."""
+    return [
+        Block(m.group(1), m.group(2)) for m in re.finditer(r"```(\w*)\n(.*?)```", README.read_text(), re.S)
+    ]
+
+
 def quickstart() -> list[Block]:
-    """The code blocks of README's `## Quickstart` section, in order."""
-    text = README.read_text()
-    section = text.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
-    return [Block(m.group(1), m.group(2)) for m in re.finditer(r"```(\w+)\n(.*?)```", section, re.S)]
+    """The README's code blocks (the name the steps below read them by)."""
+    return readme_blocks()
 
 
 def block(blocks: list[Block], language: str, containing: str) -> str:
+    """The one block of `language` holding `containing`, noted as run."""
     [found] = [b.text for b in blocks if b.language == language and containing in b.text]
+    RAN.add(found)
     return found
+
+
+def runnable(text: str) -> str:
+    """A bash block less the lines NOT_RUN names (each said why)."""
+    return "\n".join(line for line in text.splitlines() if not any(line.startswith(n) for n in NOT_RUN))
 
 
 @dataclass
@@ -80,9 +109,13 @@ class User:
             "HOME": str(self.home),
             "PATH": f"{venv_bin}:{CLAUDE.parent}:{os.environ['PATH']}",
             "LANG": "C.UTF-8",
-            # The user's pip cache is the machine's: the install needs PyPI, not a cold cache.
+            # The user's pip and npm caches are the machine's (warm, as CI's are): the installs need the
+            # registries, not a cold cache.
             "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", str(Path.home() / ".cache" / "pip")),
+            "npm_config_cache": os.environ.get("npm_config_cache", str(Path.home() / ".npm")),
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            # The machine's TLS set-up (the CA bundle its registries' certificates chain to), as a user has it
+            **{name: os.environ[name] for name in TLS_VARIABLES if name in os.environ},
         }
 
     def sh(self, script: str, *, cwd: Path | None = None, timeout: float = 120) -> str:
@@ -143,15 +176,29 @@ def user(tmp_path_factory: pytest.TempPathFactory) -> User:
     return someone
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[OpenAILikeStandIn]:
-    """The model server the quickstart points at: a vLLM stand-in on 127.0.0.1:8000."""
+@contextmanager
+def port_free(port: int) -> Iterator[None]:
+    """Fail at once when something already listens where the README's servers go."""
     with socket.socket() as probe:
-        if probe.connect_ex(("127.0.0.1", UPSTREAM_PORT)) == 0:
-            pytest.fail(f"port {UPSTREAM_PORT} is taken: the journey's model server needs it")
-    server = OpenAILikeStandIn(model=MODEL).start(UPSTREAM_PORT)
-    yield server
-    server.stop()
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            pytest.fail(f"port {port} is taken: the journey's model server needs it")
+    yield
+
+
+@pytest.mark.timeout(MAKE_DEMO_TIMEOUT_S + 60)
+def test_make_demo_from_a_copy_of_the_repository(user: User) -> None:
+    """The README's first command: only the openai SDK and opencode installed, the demo played."""
+    commands = block(quickstart(), "bash", "make demo")
+    shown = user.sh(runnable(commands), cwd=user.source, timeout=MAKE_DEMO_TIMEOUT_S)
+    assert "turn 1: the model calls bash" in shown and "turn 2 (streamed): the model answers '42'" in shown
+    assert "(exit 0)" in shown, shown  # opencode played through modeltap
+    installed = {
+        p["name"].lower() for p in json.loads(user.sh(f"{user.source}/.venv/bin/pip list --format json"))
+    }
+    assert "openai" in installed and not installed & {"transformers", "mypy", "hydra-core", "docker"}
+    assert sorted(p.name for p in (user.source / ".cache" / "npm" / "node_modules" / ".bin").iterdir()) == [
+        "opencode"
+    ]
 
 
 def test_a_base_install_is_the_proxy_and_the_readers(user: User) -> None:
@@ -162,8 +209,64 @@ def test_a_base_install_is_the_proxy_and_the_readers(user: User) -> None:
     assert user.sh("modeltap --version").startswith("modeltap ")
 
 
-def test_the_quickstart_as_written(user: User, upstream: OpenAILikeStandIn) -> None:
+def test_the_quickstart_as_written_on_a_machine_with_no_model_server(user: User) -> None:
     blocks = quickstart()
+    model = block(blocks, "bash", "modeltap demo --model-only").strip()
+    with port_free(UPSTREAM_PORT), user.background(model, ready="listening on") as (_, listening):
+        assert listening.endswith(f"http://127.0.0.1:{UPSTREAM_PORT}"), listening
+        sessions, server_log = _agents_through_serve(user, blocks)
+        debugging = user.sh(block(blocks, "bash", "modeltap sessions --errors"))
+    # serve printed one line per exchange; each client is a session of its own.
+    for client in ("opencode", "claude-code", "codex", "openai-python", "anthropic-python"):
+        assert client in sessions, f"{client} has no session of its own:\n{sessions}"
+    assert server_log.count(" 200 ") >= 8, server_log
+    # The three debugging commands: the (empty) list of failed sessions, the newest turn by turn, the hits.
+    lines = debugging.splitlines()
+    assert lines[0].split()[:2] == ["SESSION", "STARTED"], debugging
+    assert any(line.startswith("session ") and "turn(s)" in line for line in lines), debugging
+    assert any(re.match(r"^\S+ #\d+ [\w ]+: .*echo \$\(\(6 \* 7\)\)", line) for line in lines), debugging
+
+
+@pytest.mark.parametrize("upstream", ["areal-layout", "chat-only"])
+def test_the_quickstart_as_written_against_areal_and_a_chat_only_server(user: User, upstream: str) -> None:
+    """The same serve block, unchanged, in front of AReaL's layout (chat at the bare path, Messages at
+    /v1/messages, no /v1/models) and of a server that speaks chat only (Responses and Messages
+    translated): the SDK snippets and Claude Code get their answers."""
+    blocks = quickstart()
+    with port_free(UPSTREAM_PORT), _upstream(user, upstream):
+        serve = block(blocks, "bash", "modeltap serve").strip()
+        with user.background(serve, ready="listening on") as (server, _):
+            for needle in ("from openai", "from anthropic"):
+                printed = user.sh(f"{sys.executable} - <<'EOF'\n{block(blocks, 'python', needle)}\nEOF")
+                assert printed.strip(), f"the {needle} snippet printed nothing against {upstream}"
+            answer = _claude(user, blocks)
+            assert json.loads(answer)["result"].strip() == "42", answer
+        log = server.stderr.read() if server.stderr else ""
+    assert " 200 " in log and " 404 " not in log and " 502 " not in log, log
+
+
+@contextmanager
+def _upstream(user: User, kind: str) -> Iterator[None]:
+    """A model server on UPSTREAM_PORT: the scripted model laid out as AReaL's proxy, or a vLLM
+    stand-in serving chat only."""
+    if kind == "chat-only":
+        server = OpenAILikeStandIn(model=MODEL, chat_only=True).start(UPSTREAM_PORT)
+        try:
+            yield
+        finally:
+            server.stop()
+        return
+    script = (
+        "python -u -c 'from aiohttp import web; from modeltap.demo.model import model_app; "
+        f'web.run_app(model_app(areal_layout=True), host="127.0.0.1", port={UPSTREAM_PORT})\''
+    )
+    with user.background(script, ready="Running on"):
+        yield
+
+
+def _agents_through_serve(user: User, blocks: list[Block]) -> tuple[str, str]:
+    """The quickstart's serve block, then each agent and SDK snippet through it: `sessions`, and
+    serve's stderr."""
     serve = block(blocks, "bash", "modeltap serve").strip()
     with user.background(serve, ready="listening on") as (server, _):
         (user.project / "opencode.json").write_text(block(blocks, "json", "opencode"))
@@ -172,16 +275,10 @@ def test_the_quickstart_as_written(user: User, upstream: OpenAILikeStandIn) -> N
         )
         assert opencode.strip().endswith("42"), opencode
 
-        claude = block(blocks, "bash", "claude").strip()
-        claude_home = user.home / ".claude"
-        answer = user.sh(
-            f"env {_env(CLAUDE_OFFLINE_ENV)} CLAUDE_CONFIG_DIR={claude_home} {claude} "
-            f"-p {_quote(TASK_PROMPT)} --allowedTools Bash --output-format json",
-            timeout=AGENT_TIMEOUT_S,
-        )
+        answer = _claude(user, blocks)
         assert json.loads(answer)["result"].strip() == "42", answer
 
-        (user.home / ".codex").mkdir()
+        (user.home / ".codex").mkdir(exist_ok=True)
         (user.home / ".codex" / "config.toml").write_text(block(blocks, "toml", "model_provider"))
         codex = user.sh(
             f"{CODEX} exec --skip-git-repo-check --sandbox danger-full-access {_quote(TASK_PROMPT)}",
@@ -192,18 +289,23 @@ def test_the_quickstart_as_written(user: User, upstream: OpenAILikeStandIn) -> N
         for language, needle in (("python", "from openai"), ("python", "from anthropic")):
             printed = user.sh(f"{sys.executable} - <<'EOF'\n{block(blocks, language, needle)}\nEOF")
             assert printed.strip(), f"the {needle} snippet printed nothing"
-
-        readers = block(blocks, "bash", "modeltap sessions")
-        sessions = user.sh(readers.splitlines()[0])
+        sessions = user.sh("modeltap sessions")
         assert sessions.count("\n") >= 5, sessions  # a header and a session per client at least
-    server_log = server.stderr.read() if server.stderr else ""
-    # serve printed one line per exchange: each client's requests, named by its client label.
-    for client in ("opencode", "claude-code", "codex", "openai-python", "anthropic-python"):
-        assert client in sessions, f"{client} has no session of its own:\n{sessions}"
-    assert server_log.count(" 200 ") >= 8, server_log
+    return sessions, server.stderr.read() if server.stderr else ""
 
 
-def test_the_commands_a_user_reaches_for_next(user: User, upstream: OpenAILikeStandIn) -> None:
+def _claude(user: User, blocks: list[Block]) -> str:
+    """The README's Claude Code line, run headless on the task (its JSON answer)."""
+    claude = block(blocks, "bash", "claude").strip()
+    claude_home = user.home / ".claude"
+    return user.sh(
+        f"env {_env(CLAUDE_OFFLINE_ENV)} CLAUDE_CONFIG_DIR={claude_home} {claude} "
+        f"-p {_quote(TASK_PROMPT)} --allowedTools Bash --output-format json",
+        timeout=AGENT_TIMEOUT_S,
+    )
+
+
+def test_the_commands_a_user_reaches_for_next(user: User) -> None:
     """After the quickstart (its records): grep, stats, show, a strict mock and doctor, each saying
     what the first-hour issue promises."""
     rows = json.loads(user.sh("modeltap sessions --json"))
@@ -261,3 +363,9 @@ def _env(variables: dict[str, str]) -> str:
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+def test_every_block_of_the_readme_ran() -> None:
+    """Run last: a block the README shows that no step above ran is a promise nobody checks."""
+    unrun = [b.text.splitlines()[0] for b in readme_blocks() if b.text not in RAN]
+    assert unrun == [], f"README blocks no journey step runs: {unrun}"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from modeltap.records.reader import StoreReader
-from tests.agents import run_opencode
+from tests.agents import TASK_PROMPT, run_opencode
 from tests.factories import ASK
 from tests.integration.test_otlp_export import sdk_turns
 from tests.phoenix.conftest import Phoenix, serving
@@ -74,13 +74,21 @@ def test_sdk_sessions_reach_phoenix_as_its_sessions_with_tokens_and_stream_timin
         assert in_phoenix[session["id"]]["token_count_total"] == sum(
             r["prompt_tokens"] + r["completion_tokens"] for r in mine
         )
+        # The Sessions tab: the first input is the user's message, the last output the model's last
+        # answer (a call of the bash tool), as text, not a JSON stub.
+        shown = read["session_io"][session["id"]]
+        assert shown["first_input"] == ASK["content"], shown
+        last = spans[mine[-1]["id"]]["attributes"]
+        assert shown["last_output"] == last["output.value"] and last["output.value"].startswith("bash("), (
+            shown
+        )
 
 
 @pytest.mark.agents
 def test_an_opencode_run_is_one_phoenix_session_with_every_exchange(
     phoenix: Phoenix, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with ArealStandIn() as areal, serving(areal, phoenix, tmp_path, monkeypatch) as serve:
+    with ArealStandIn() as areal, serving(areal, phoenix, tmp_path, monkeypatch, content=True) as serve:
         session = serve.open_session(areal, {"agent": "opencode"})
         outcome = run_opencode(session["base_url"] + "/v1", "sk-agent", tmp_path / "project")
         assert outcome.exit_code == 0 and outcome.final_text == "42", outcome.describe()
@@ -94,3 +102,6 @@ def test_an_opencode_run_is_one_phoenix_session_with_every_exchange(
         assert span["attributes"]["user_agent.original"].startswith("opencode/") and row["streamed"]
     [in_phoenix] = read["sessions"]
     assert (in_phoenix["session_id"], len(in_phoenix["traces"])) == (session["id"], 3)
+    # The Sessions tab: the task as the user gave it first, the model's reply last.
+    shown = read["session_io"][session["id"]]
+    assert TASK_PROMPT in shown["first_input"] and shown["last_output"] == "42", shown

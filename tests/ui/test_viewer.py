@@ -3,7 +3,13 @@ through a real Proxy, and its API. Screenshots land in tests/artifacts/ui/."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,7 @@ from tests.factories import ASK, BASH_TOOL
 from tests.standins import token_engine as te
 from tests.standins.openai_like import OpenAILikeStandIn
 from tests.ui.browser import Browser
+from tests.unit.records.test_reader import hostile, store
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "ui"
 
@@ -177,3 +184,36 @@ async def test_api_waits_for_records_exports_and_answers_only_loopback_names(
 
 def _config(vllm: OpenAILikeStandIn, store_path: Path, **overrides: Any) -> ProxyConfig:
     return ProxyConfig(upstream=vllm.url, host="127.0.0.1", port=0, store=str(store_path), **overrides)
+
+
+async def test_the_viewer_answers_a_hostile_store_in_json(tmp_path: Path, aiohttp_client: Any) -> None:
+    good = await store(tmp_path)
+    bad = hostile(tmp_path, good)
+    client = await aiohttp_client(viewer_app([str(bad["view"])]))
+    answer = await client.get("/api/sessions")
+    assert answer.status == 503 and str(bad["view"]) in (await answer.json())["error"]["message"]
+    client = await aiohttp_client(viewer_app([str(good), str(bad["text"])]))
+    listed = await (await client.get("/api/sessions")).json()
+    assert [s["id"] for s in listed["sessions"]][-1] == "s-1" and str(bad["text"]) in listed["refused"][0]
+    missing = await client.get("/api/sessions/nope/turns")
+    assert missing.status == 404 and "nope" in (await missing.json())["error"]["message"]
+
+
+def test_a_viewer_on_a_hostile_store_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
+    good = asyncio.run(store(tmp_path))
+    view = hostile(tmp_path, good)["view"]
+    viewer = subprocess.Popen(
+        [sys.executable, "-m", "modeltap", "ui", "--store", str(view), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert viewer.stdout is not None
+        listening = next(line for line in viewer.stdout if "listening on" in line).split("listening on ")[1]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(listening.strip() + "/api/sessions", timeout=30)
+        assert refused.value.code == 503 and str(view) in json.loads(refused.value.read())["error"]["message"]
+        viewer.send_signal(signal.SIGTERM)
+        assert viewer.wait(30) == 0
+    finally:
+        viewer.kill()
+        viewer.wait()

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from modeltap.readers.ui import viewer_app
 from modeltap.records.exchange import Exchange, RolloutOutcome, SessionEvent
 from modeltap.records.store import RecordStore
+from modeltap.testing import exchange
 from tests.factories import assistant, recorded, rollout, tool_call
 from tests.ui.browser import Browser
 
@@ -195,4 +196,29 @@ async def test_the_header_shows_the_labels_and_a_long_id_wraps_whole(
             assert shown == [long_id, True, "clip"]  # whole, wrapped inside its box, no ellipsis
         assert (await browser.evaluate(f"document.querySelector('{item} .id').getClientRects().length")) >= 1
         await browser.screenshot(ARTIFACTS / "viewer-labels-long-id.png")
+        assert browser.errors == []
+
+
+async def test_a_session_without_rollout_labels_or_drift_shows_no_null(
+    tmp_path: Path, aiohttp_server: Callable[..., Any]
+) -> None:
+    """The parts a session lacks are left out of its header and its full turn, never written as "null"."""
+    bare = exchange(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        {"choices": [{"index": 0, "message": assistant("hello"), "finish_reason": "stop"}]},
+        session_id="s-bare",
+    )
+    path = await recorded(tmp_path / "records.db", bare)
+    server: TestServer = await aiohttp_server(viewer_app(path))
+    async with Browser() as browser:
+        await browser.goto(str(server.make_url("/")))
+        await browser.wait_for("document.querySelector('[data-session-id=\"s-bare\"]') !== null")
+        await browser.click('[data-session-id="s-bare"]')
+        await browser.wait_for("document.querySelectorAll('.turn').length === 1")
+        await browser.click('.turn[data-turn="1"] .turn-row')
+        await browser.click('.turn[data-turn="1"] .full')
+        await browser.wait_for("document.querySelector('.full-bodies h3') !== null")
+        shown = await browser.text("main")
+        assert "null" not in shown, shown
+        assert "Sent upstream" not in shown  # it went as the client sent it
         assert browser.errors == []

@@ -31,7 +31,7 @@ from aiohttp import hdrs, web
 from modeltap.exporters.export import FORMATS, write_export
 from modeltap.records.exchange import OUTCOMES
 from modeltap.records.query import DEFAULT_LIMIT, SORTS, SessionQuery, parse_label
-from modeltap.records.reader import StoreReader
+from modeltap.records.reader import StoreReader, StoreUnreadable
 from modeltap.records.stores import Stores
 from modeltap.records.turns import turns
 
@@ -41,6 +41,9 @@ _LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 MAX_PAGE = 5000
 _STORES: web.AppKey[tuple[str, ...]] = web.AppKey("stores", tuple)
 _LOOPBACK_ONLY = web.AppKey("loopback_only", bool)
+# The stores being read by a request right now, each in a worker thread: stopped on shutdown, so a
+# viewer asked to stop (SIGTERM) does not wait for a statement to end.
+_READING: web.AppKey[set[Stores]] = web.AppKey("reading", set)
 _EXPORT_TYPES = {
     "har": "application/json",
     "jsonl": "application/x-ndjson",
@@ -55,9 +58,11 @@ _T = TypeVar("_T")
 def viewer_app(stores: Path | str | Sequence[Path | str], *, loopback_only: bool = True) -> web.Application:
     """The viewer of the records databases `stores` names (paths or globs; a path that does not exist
     yet is waited for)."""
-    app = web.Application(middlewares=[_loopback_hosts])
+    app = web.Application(middlewares=[_loopback_hosts, _json_errors])
     app[_STORES] = tuple(map(str, [stores] if isinstance(stores, str | Path) else stores))
     app[_LOOPBACK_ONLY] = loopback_only
+    app[_READING] = set()
+    app.on_shutdown.append(_interrupt_reads)
     app.router.add_get("/", _index)
     app.router.add_get("/api/sessions", _sessions)
     app.router.add_get("/api/sessions/{session}/turns", _turns)
@@ -77,6 +82,34 @@ async def _loopback_hosts(
     return await handler(request)
 
 
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The API answers in JSON, errors too (`{"error": {"message", "status"}}`): a store that cannot
+    be read (StoreUnreadable names it) is a 503, never aiohttp's text/plain 500."""
+    if not request.path.startswith("/api/"):
+        return await handler(request)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.text or exc.reason)
+    except StoreUnreadable as exc:
+        return _error(503, str(exc))
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "status": status}}, status=status)
+
+
+async def _interrupt_reads(app: web.Application) -> None:
+    reading: set[Stores] = app[_READING]
+    for stores in list(reading):
+        stores.interrupt()
+
+
 async def _index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html", headers={hdrs.CACHE_CONTROL: "no-cache"})
 
@@ -85,10 +118,15 @@ async def _in_thread(request: web.Request, action: Callable[[Stores], _T]) -> _T
     """Run `action` on fresh read-only readers of the stores, in a worker thread (sqlite3 blocks)."""
 
     patterns: tuple[str, ...] = request.app[_STORES]
+    reading = request.app[_READING]
 
     def run() -> _T:
         with Stores.open(patterns, missing_ok=True) as stores:
-            return action(stores)
+            reading.add(stores)
+            try:
+                return action(stores)
+            finally:
+                reading.discard(stores)
 
     return await asyncio.to_thread(run)
 
@@ -131,6 +169,7 @@ async def _sessions(request: web.Request) -> web.Response:
             "outcomes": OUTCOMES,
             "stores": [str(r.path) for r in stores.readers],
             "waiting": [str(p) for p in stores.missing],
+            "refused": stores.refused,
             "revisions": revisions,
             "full": full,
             "sessions": rows,
@@ -163,6 +202,7 @@ def _query(params: Any) -> SessionQuery:
             errors=params.get("errors") == "1",
             sort=sort if sort in SORTS else "time",
             limit=limit,
+            unsessioned=True,
         )
     except ValueError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None

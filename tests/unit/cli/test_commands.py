@@ -204,6 +204,44 @@ async def test_stats_groups_by_a_label_without_equals_and_filters_by_one_with(
     assert "one label" in capsys.readouterr().err
 
 
+async def test_stats_says_which_sessions_its_row_covers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "all" over the newest few: what it covered, of how many the filters select."""
+    one, two = await _two_nodes(tmp_path)
+    stores = ["--store", str(one), "--store", str(two)]
+    assert main(["stats", *stores, "--limit", "2"]) == 0
+    captured = capsys.readouterr()
+    head, row = captured.out.splitlines()
+    assert head.split()[:3] == ["OVER", "SESSIONS", "EXCHANGES"]
+    assert row.startswith("the newest 2 of 4 sessions  2 ")
+    assert "(over the newest 2 of 4 sessions; --limit N or --all for more)" in captured.err
+    assert main(["stats", *stores, "--json"]) == 0
+    [everything] = json.loads(capsys.readouterr().out)
+    assert (everything["value"], everything["covers"], everything["sessions"]) == ("all 4 sessions",) * 2 + (
+        4,
+    )
+    assert main(["stats", *stores, "--label", "task_id", "--limit", "3", "--json"]) == 0
+    assert {group["covers"] for group in json.loads(capsys.readouterr().out)} == {
+        "the newest 3 of 4 sessions"
+    }
+
+
+async def test_an_export_that_fails_leaves_no_file_and_keeps_an_earlier_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, _ = await _two_nodes(tmp_path)
+    out = tmp_path / "train.jsonl"
+    assert main(["export", "s-chat", "--store", str(one), "--format", "tokens", "-o", str(out)]) == 2
+    assert "token" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["n1", "n2"]  # no file, not even a partial one
+    out.write_text("kept\n")
+    assert main(["export", "s-chat", "--store", str(one), "--format", "tokens", "-o", str(out)]) == 2
+    assert out.read_text() == "kept\n"
+    assert main(["export", "s-chat", "--store", str(one), "--format", "jsonl", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["session_id"] == "s-chat"
+
+
 async def test_readers_given_no_store_read_the_one_serve_last_wrote_and_say_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -226,6 +264,9 @@ async def test_prune_and_vacuum_report_what_they_freed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     one, two = await _two_nodes(tmp_path)
+    assert main(["prune", "--store", str(one), "--before", "1970-01-02", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{one}: would prune 2 session(s)") and out[1:] == ["  s-fail", "  s-pass"]
     assert main(["prune", "--store", str(tmp_path / "n*" / "records.db"), "--before", "1970-01-02"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{one}: pruned 2 session(s)") and out[1].startswith(

@@ -341,3 +341,25 @@ async def test_jsonl_has_a_format_version_and_every_field(tmp_path: Path) -> Non
         "client_error",
         None,
     )
+
+
+@pytest.mark.parametrize("fmt", ["har", "jsonl", "messages"])
+async def test_a_reply_with_a_lone_surrogate_exports_whole(tmp_path: Path, fmt: str) -> None:
+    """Valid JSON (`"\\ud800"`) that UTF-8 cannot encode: exported as its escape, never a failure."""
+    odd = exchange(
+        {"model": "m", "messages": [{"role": "user", "content": "half \ud800 a pair"}], "stream": True},
+        chat_completion(assistant("bad \udc00 half"), usage={"prompt_tokens": 3, "completion_tokens": 2}),
+        session_id="s-odd",
+        streamed=True,
+        stream_complete=True,
+    )
+    path = await recorded(tmp_path / "r.db", odd)
+    out = io.StringIO()
+    with StoreReader(path) as reader:
+        write_export(reader, "s-odd", fmt, out)
+    text = out.getvalue()
+    text.encode()  # what a file or a pipe takes
+    assert "\\udc00" in text
+    if fmt == "har":
+        [entry] = json.loads(text)["log"]["entries"]
+        assert "\\udc00" in entry["response"]["content"]["text"]

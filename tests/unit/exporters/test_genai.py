@@ -105,6 +105,12 @@ def test_a_chat_exchange_has_the_conventions_attributes_and_no_upstream_path() -
         "server.port": 8000,
         "modeltap.label.task_id": "t1",
         "modeltap.label.attempt": "2",
+        # OpenInference's, beside them (Phoenix reads these: openinference.py)
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "policy",
+        "llm.token_count.prompt": 25,
+        "llm.token_count.completion": 5,
+        "llm.token_count.total": 30,
     }
 
 
@@ -299,3 +305,24 @@ async def test_a_recorded_exchange_maps_as_the_live_one_did(tmp_path: Path, cont
         recorded_call = Call.of_record(row, content=content)
         assert attributes(recorded_call, content=content) == attributes(call(ex, content), content=content)
         assert genai.budget_event(recorded_call) == genai.budget_event(call(ex))
+
+
+def test_content_carries_openinference_input_and_output_for_phoenix() -> None:
+    """Phoenix lists a session by its first input and last output: the user's message and the reply,
+    as text, with each message flattened as OpenInference readers expect."""
+    attrs = attributes(call(chat_exchange(), content=True), content=True)
+    assert (attrs["input.value"], attrs["input.mime_type"]) == (ASK["content"], "text/plain")
+    assert attrs["output.value"] == f"bash({ARGUMENTS})" and attrs["output.mime_type"] == "text/plain"
+    assert attrs["llm.input_messages.0.message.role"] == "user"
+    assert attrs["llm.input_messages.0.message.content"] == ASK["content"]
+    assert attrs["llm.output_messages.0.message.role"] == "assistant"
+    assert attrs["llm.output_messages.0.message.tool_calls.0.tool_call.function.name"] == "bash"
+    assert attrs["llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments"] == ARGUMENTS
+    # An Anthropic turn after a tool result: its newest message is the result; the reply's text out.
+    ex = exchange(ANTHROPIC_BODY, ANTHROPIC_REPLY, endpoint="messages", path="/v1/messages")
+    attrs = attributes(call(ex, content=True), content=True)
+    assert attrs["input.value"] == "42\n" and attrs["output.value"] == "42"
+    assert attrs["llm.input_messages.0.message.role"] == "system"
+    assert attrs["llm.input_messages.3.message.tool_call_id"] == "toolu_1"
+    assert not any(key.startswith(("input.", "output.", "llm.input", "llm.output")) for key in
+                   attributes(call(ex), content=False))  # fmt: skip

@@ -4,6 +4,9 @@ its tool calls and a unified diff of its text; `modeltap diff` exits as diff(1) 
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,8 @@ from modeltap.cli import main
 from modeltap.readers.diff import compare, diff_text, side
 from modeltap.records.exchange import RolloutOutcome
 from modeltap.records.stores import Stores
-from tests.factories import assistant, recorded, rollout, tool_call
+from modeltap.testing import exchange
+from tests.factories import assistant, chat_completion, recorded, rollout, tool_call, usage
 
 
 def bash(call_id: str, command: str) -> dict[str, Any]:
@@ -94,3 +98,54 @@ async def test_modeltap_diff_exits_like_diff(tmp_path: Path, capsys: pytest.Capt
     assert '"differs": true' in capsys.readouterr().out
     assert main(["diff", "s-pass", "s-nope", "--store", path]) == 2
     assert "no session 's-nope' in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("depth", [975])
+async def test_sessions_nested_as_deep_as_json_parses_are_compared(tmp_path: Path, depth: int) -> None:
+    """A degenerate policy's tool call (arguments of nothing but brackets) or a body as deep as the
+    proxy's parser accepts: compared, and its difference shown, without a RecursionError."""
+
+    def call(leaf: str) -> dict[str, Any]:
+        arguments = '{"command": ' + "[" * depth + f'"{leaf}"' + "]" * depth + "}"
+        return assistant(None, tool_call("call_1", "bash", arguments))
+
+    path = await recorded(
+        tmp_path / "r.db",
+        *rollout("s-a", "t1", [call("ls"), assistant("5")]),
+        *rollout("s-b", "t1", [call("pwd"), assistant("5")]),
+    )
+    with Stores.open([str(path)]) as stores:
+        result = compare(side(stores, "s-a"), side(stores, "s-b"))
+    assert result["differs"] and result["first_difference"]["in"] == "response"
+    [change] = result["first_difference"]["tool_call_diff"]
+    assert change["path"] == "arguments" and change["a"].endswith('"ls"' + "]" * depth + "}")
+    assert '#1 arguments: "{\\"command\\": [[[' in diff_text(result, width=120)
+    assert main(["diff", "s-a", "s-b", "--store", str(path)]) == 1
+    assert main(["diff", "s-a", "s-b", "--store", str(path), "--json"]) == 1
+
+
+def test_modeltap_diff_of_bodies_nested_975_deep_says_where_they_part(tmp_path: Path) -> None:
+    """As the user runs it (its own process, whose stack is shallow): a request whose content nests as
+    deep as the proxy's JSON parser accepts is read, compared and shown; the exit status is diff's."""
+
+    def deep(leaf: str, depth: int = 975) -> tuple[dict[str, Any], bytes]:
+        value: Any = leaf
+        for _ in range(depth):
+            value = [value]
+        text = b'{"model": "m", "messages": [{"role": "user", "content": ' + b"[" * depth
+        text += f'"{leaf}"'.encode() + b"]" * depth + b"}]}"
+        return {"model": "m", "messages": [{"role": "user", "content": value}]}, text
+
+    records = []
+    for session, leaf in (("s-a", "one"), ("s-b", "two")):
+        body, raw = deep(leaf)
+        answer = chat_completion(assistant("ok"), usage=usage(1, 1))
+        records.append(exchange(None, answer, request=raw, request_json=body, session_id=session))
+    path = asyncio.run(recorded(tmp_path / "r.db", *records))
+    for extra in ([], ["--json"]):
+        run = subprocess.run(
+            [sys.executable, "-m", "modeltap", "diff", "s-a", "s-b", "--store", str(path), *extra],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert (run.returncode, run.stderr) == (1, ""), run.stderr[-2000:]
+        assert "request" in run.stdout

@@ -198,3 +198,30 @@ async def test_a_system_prompt_seen_before_collapses_to_one_line(tmp_path: Path)
     assert "+ system     system prompt, 9.1k chars, as in turn 1" in third
     assert "You are Claude Code" not in third
     assert "You are Claude Code. You are" in turn_text(turns(rows)[2])  # a turn alone: in full
+
+
+async def test_a_passed_budget_shows_the_cap_sent_not_an_arrow_to_the_most_that_fits(tmp_path: Path) -> None:
+    passed = BudgetRecord("passed 900+50<=1310", "pass", 900, 50, 410, "max_tokens", 1310)
+    rows = await recorded_rows(tmp_path / "r.db", chat([SYSTEM, ASK], chat_reply("42"), budget=passed))
+    text = turn_text(turns(rows)[0])
+    assert "budget pass: prompt 900 tokens, max_tokens 50 (at most 410 fit) (limit 1310)" in text
+    assert "50 → 410" not in text
+
+
+async def test_the_sent_body_is_titled_by_what_changed_it(tmp_path: Path) -> None:
+    """A translated body with the budget off is not "clamped"; a clamped one says by how much."""
+    chat_body = {"model": "m", "messages": [ASK], "max_completion_tokens": 64}
+    translated = chat([ASK], chat_reply("42"), translated="chat", sent=chat_body, endpoint="messages")
+    clamp = BudgetRecord("clamped 4096->100", "clamp", 900, 4096, 100, "max_tokens", 1000)
+    clamped = chat(
+        [ASK], chat_reply("42"), budget=clamp, sent={"model": "m", "messages": [ASK], "max_tokens": 100}
+    )
+    both = chat([ASK], chat_reply("42"), translated="chat", sent=chat_body, endpoint="messages", budget=clamp)
+    rows = await recorded_rows(tmp_path / "r.db", translated, clamped, both)
+    titles = [line for t in turns(rows, full=True) for line in turn_text(t).splitlines() if "── sent" in line]
+    assert titles == [
+        "── sent upstream (translated to chat)",
+        "── sent upstream (max_tokens clamped 4096 → 100)",
+        "── sent upstream (translated to chat; max_tokens clamped 4096 → 100)",
+    ]
+    assert turns(rows)[0].as_json()["sent_because"] == "translated to chat"

@@ -4,19 +4,33 @@ the screen, paged through $PAGER; in a pipe, with NO_COLOR, or as JSON it is pla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import io
+import json
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from modeltap.cli import main
+from modeltap.readers.console import ConsoleLog
+from modeltap.readers.show import tail_line
 from modeltap.readers.terminal import coloured, emit
+from modeltap.readers.text import printable
+from modeltap.records.jsontext import pretty
+from modeltap.records.reader import StoreReader
+from modeltap.records.turns import turn_record
+from modeltap.testing import exchange
 from tests.factories import assistant, recorded, rollout, tool_call
 
 REPO = Path(__file__).resolve().parents[3]
@@ -126,3 +140,81 @@ def test_grep_marks_the_match_on_a_terminal_only(store: Path) -> None:
     assert shown == f"s-long #1 user: Solve {ESC}1;31mtask t1{ESC}0m.\n"
     shown, _ = run_on_a_terminal(argv, 50, {"NO_COLOR": "1"})
     assert shown == "s-long #1 user: Solve task t1.\n"
+
+
+# Every control character a terminal obeys: C0 but newline and tab, DEL, C1.
+OBEYED = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# What an attacker's recorded text carries: OSC 52 (the clipboard), OSC 0 (the title), an 8-bit OSC, a
+# carriage return, and ordinary text around them.
+ATTACKS = ["\x1b]52;c;cHduZWQ=\x07", "\x1b]0;owned\x07", "\x9d0;t\x9c", "\r", "\x1b[2J", "\x07"]
+TEXTS = st.lists(
+    st.one_of(st.sampled_from(ATTACKS), st.text(alphabet=st.characters(max_codepoint=0xA0), max_size=8)),
+    min_size=1,
+    max_size=6,
+).map("".join)
+
+
+def hostile_store(folder: Path, text: str) -> Path:
+    """Two sessions whose tool name, arguments, tool result, reply, labels, error and ids hold `text`."""
+    call = assistant(None, tool_call(f"call_{text}", f"bash{text}", json.dumps({"command": text})))
+    records = []
+    for session in ("s-a" + text, "s-b"):
+        records += rollout(session, "t" + text, [call, assistant(f"done {text}")], labels={"k": text})
+    records.append(
+        exchange(
+            {"model": "m", "messages": [{"role": "user", "content": text}]},
+            {"error": {"message": text}},
+            session_id="s-b",
+            status=500,
+            error_class="upstream_error",
+            error_message=f"failed: {text}",
+        )
+    )
+    return asyncio.run(recorded(folder / "r.db", *records))
+
+
+def reader_outputs(path: Path, text: str) -> dict[str, str]:
+    """What each reader prints of the hostile store, by command line."""
+    store = ["--store", str(path)]
+    commands = [
+        ["sessions", *store],
+        ["sessions", "--json", *store],
+        ["show", "s-a" + text, *store],
+        ["show", "s-a" + text, "1", "--full", *store],
+        ["show", "s-b", "--json", *store],
+        ["grep", ".", "--all", *store],
+        ["grep", ".", "--json", *store],
+        ["stats", "--label", "k", *store],
+        ["groups", "--label", "k", *store],
+        ["diff", "s-a" + text, "s-b", *store],
+        ["diff", "s-a" + text, "s-b", "--json", *store],
+    ]
+    printed = {}
+    for argv in commands:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            main(argv)
+        printed[" ".join(argv[:2])] = out.getvalue()
+    with StoreReader(path) as reader:
+        rows = reader.exchanges()
+    printed["tail"] = "\n".join(tail_line(turn_record(row, 1)) for row in rows)
+    console = ConsoleLog(io.StringIO(), verbose=True)
+    printed["serve"] = console.line(exchange({"model": "m"}, None, path="/v1/" + text, user_agent=text))
+    console.close()
+    return printed
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=TEXTS)
+def test_no_reader_writes_a_control_character_a_recording_holds(text: str) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        for command, printed in reader_outputs(hostile_store(Path(folder), text), text).items():
+            assert not OBEYED.search(printed), (command, printed)
+
+
+def test_json_keeps_the_recorded_text_as_escapes() -> None:
+    """`--json` is still the recorded value: C0 escaped by JSON itself, DEL and C1 by modeltap."""
+    evil = "\x1b]52;c;x\x07\x9d\x7f"
+    assert json.loads(pretty({"t": evil}))["t"] == evil and not OBEYED.search(pretty({"t": evil}))
+    assert printable(evil) == "\\x1b]52;c;x\\x07\\x9d\\x7f" and printable("a\n\tb") == "a\n\tb"
+    assert printable("a\n\tb", lines=False) == "a\\x0a\\x09b"

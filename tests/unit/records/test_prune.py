@@ -17,6 +17,7 @@ from modeltap.records.prune import needs_full_vacuum, prune, vacuum
 from modeltap.records.reader import StoreReader
 from modeltap.records.schema import connect
 from modeltap.records.store import RecordStore
+from modeltap.testing import exchange
 from tests.factories import assistant, recorded, rollout
 from tests.token_sessions import served_turn, tool_session
 from tests.unit.records.test_store_migration import landed_store
@@ -217,3 +218,33 @@ async def test_prune_drops_token_ids_only_no_remaining_session_reaches(tmp_path:
         assert reader.token_turns("s-old") == []
     prune(path, keep_last=0)
     assert hashes(path, "token_nodes") == set()
+
+
+@pytest.mark.parametrize(("before", "keep_last"), [(2500.0, None), (None, 0), (None, 1)])
+async def test_a_dry_run_says_what_a_prune_would_free_and_deletes_nothing(
+    tmp_path: Path, before: float | None, keep_last: int | None
+) -> None:
+    """Blobs shared by two doomed sessions (one task's prompts) are counted once and only when no kept
+    session links them, exactly as the prune then frees them; the unsessioned exchanges stay."""
+    path = await recorded(
+        tmp_path / "r.db",
+        *rollout("s-old", "t1", [assistant("a"), assistant("b")], outcome=SCORED, started=1000.0),
+        *rollout("s-older", "t1", [assistant("e")], started=500.0),
+        *rollout("s-kept", "t2", [assistant("c")], started=3000.0),
+        exchange(None, None, request=b"not json", status=400, error_class="client_error", started=100.0),
+    )
+    before_blobs = blobs(path)
+    would = prune(path, before=before, keep_last=keep_last, dry_run=True)
+    assert would.dry_run and blobs(path) == before_blobs
+    with StoreReader(path) as reader:
+        assert len(reader.sessions()) == 3
+    done = prune(path, before=before, keep_last=keep_last)
+    assert (would.sessions, would.exchanges, would.blobs, would.bytes) == (
+        done.sessions,
+        done.exchanges,
+        done.blobs,
+        done.bytes,
+    )
+    assert len(would.session_ids) == would.sessions and "would prune" in would.text()
+    with StoreReader(path) as reader:
+        assert len(reader.exchanges("no-session")) == 1

@@ -172,3 +172,25 @@ async def test_a_session_s_revision_grows_with_each_change(tmp_path: Path) -> No
     with StoreReader(path) as reader:
         assert [row["id"] for row in reader.sessions(SessionQuery(changed_after=seen))] == ["b"]
         assert reader.revision() > seen
+
+
+async def test_two_writers_of_one_store_never_share_a_revision(tmp_path: Path) -> None:
+    """A second writer (a second serve, replay, the demo) started on a store continues its revisions,
+    and the first goes on from where the second stopped: a poll after each change sees it."""
+    rng = random.Random(3)
+    path = tmp_path / "r.db"
+    first, second = RecordStore(path), RecordStore(path)
+    first.start()
+    second.start()  # both started before either wrote: each read the store's revision once, at 0
+    seen = 0
+    for n, writer in enumerate([first, second, first, second, first]):
+        await writer.submit(turn(f"s{n}", {"task_id": "t"}, rng, float(n)), wait=True)
+        with StoreReader(path) as reader:
+            changed = [row["id"] for row in reader.sessions(SessionQuery(changed_after=seen))]
+            assert changed == [f"s{n}"], (n, changed)
+            seen = reader.revision()
+    await first.close()
+    await second.close()
+    with StoreReader(path) as reader:
+        revisions = [row["rev"] for row in reader.sessions()]
+    assert len(set(revisions)) == len(revisions) == 5

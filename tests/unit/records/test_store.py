@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import json
 import random
-import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 
 from modeltap.records.exchange import Exchange, SessionEvent
-from modeltap.records.reader import StoreReader
+from modeltap.records.reader import StoreReader, StoreUnreadable
 from modeltap.records.schema import SCHEMA_VERSION, connect, migrate
 from modeltap.records.sql_writer import SqlWriter
 from modeltap.records.store import RECORD_ERROR, RecordStore, StoreClosed
@@ -131,7 +130,7 @@ def test_reader_is_read_only_and_checks_the_version(tmp_path: Path) -> None:
     conn = connect(tmp_path / "r.db")
     assert migrate(conn) == SCHEMA_VERSION
     conn.close()
-    with StoreReader(tmp_path / "r.db") as reader, pytest.raises(sqlite3.OperationalError):
+    with StoreReader(tmp_path / "r.db") as reader, pytest.raises(StoreUnreadable, match="readonly"):
         reader._conn.execute("DELETE FROM exchanges")
     newer = connect(tmp_path / "r.db")
     newer.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -157,7 +159,7 @@ async def test_mock_answers_json_streams_and_errors_in_the_clients_shape(
     missing = await client.post("/v1/messages", json={"model": "c", "messages": []})
     assert missing.status == 404
     assert (await missing.json())["error"]["type"] == "not_found_error"
-    missing = await client.get("/v1/models")
+    missing = await client.get("/v1/models/other")
     assert missing.status == 404 and (await missing.json())["error"]["code"] == "no_recorded_exchange"
 
 
@@ -214,7 +216,8 @@ async def test_each_match_says_how_and_where_the_request_diverged(tmp_path: Path
     url = "/v1/chat/completions"
     assert mock.match("POST", url, ask("turn one")).how == "exact #1"
     assert mock.match("POST", url, ask("turn two, edited")).how == (
-        "next in order #2 (diverged at message 1 (user): recorded 'turn two', sent 'turn two, edited')"
+        "next in order #2 (diverged at message 1 (user), character 9: recorded 'turn two', "
+        "sent 'turn two, edited')"
     )
     assert mock.match("POST", url, ask("turn one")).how == "exact #1"  # a new run: served again
 
@@ -226,12 +229,14 @@ def test_divergence_names_the_first_differing_message_or_field() -> None:
         divergence(recorded_chat, longer | {"model": "m"}) == "diverged after message 1: recorded 1, sent 2"
     )
     assert divergence(recorded_chat, ask("hi", temperature=1)) == "diverged in temperature"
-    assert divergence(recorded_chat, ask("x" * 100)).endswith(f"sent '{'x' * 59}…'")
+    assert divergence(recorded_chat, ask("x" * 100)).endswith(
+        f"character 1: recorded 'hi', sent '{'x' * 60}…'"
+    )
     assert divergence(recorded_chat, "not json") == "diverged: the body is not the recorded JSON object"
     tool_result = {"role": "user", "content": [{"type": "tool_result", "content": "ok"}]}
     anthropic = {"endpoint": "messages", "request": {"messages": [tool_result]}}
     assert divergence(anthropic, {"messages": [{"role": "user", "content": "typed"}]}) == (
-        "diverged at message 1 (user): "
+        "diverged at message 1 (user), character 1: "
         + 'recorded \'[{"type": "tool_result", "content": "ok"}]\', sent \'typed\''
     )
 
@@ -266,14 +271,116 @@ async def test_strict_serves_exact_matches_and_refuses_an_off_script_request_wit
     body = await off.json()
     assert off.status == 409 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "diverged in max_tokens" in body["error"]["message"]
-    nothing = await client.get("/v1/models")  # no turn recorded on the route: off script too
+    nothing = await client.get("/v1/models/other")  # no turn recorded on the route: off script too
     assert nothing.status == 409
+    listed = await client.get("/v1/models")  # the models the recorded requests name: never off script
+    assert listed.status == 200 and {m["id"] for m in (await listed.json())["data"]} == {"m", "c"}
     assert (await (await client.get("/_modeltap/mock")).json())["strict"] is True
     assert lines == [
         "POST /v1/chat/completions  exact #1",
         "POST /v1/chat/completions  exact #1, again",
         "POST /v1/chat/completions  off script: turn #1 is next, and the request diverged at message 1 "
-        "(user): recorded 'turn one', sent 'something else'",
+        "(user), character 1: recorded 'turn one', sent 'something else'",
         "POST /v1/messages  off script: turn #2 is next, and the request diverged in max_tokens",
-        "GET /v1/models  no match: nothing recorded on GET models has this body",
+        "GET /v1/models/other  no match: nothing recorded on GET models/other has this body",
+        "GET /v1/models  not recorded: the models the recorded requests name",
     ]
+
+
+def test_a_divergence_quotes_where_the_texts_part_not_their_shared_start() -> None:
+    shared = "You are a coding agent. " * 10
+    recorded_ = {
+        "endpoint": "chat",
+        "request": {"messages": [{"role": "system", "content": shared + "Use bash."}]},
+    }
+    sent = {"messages": [{"role": "system", "content": shared + "Use zsh."}]}
+    note = divergence(recorded_, sent)
+    assert note.startswith(f"diverged at message 1 (system), character {len(shared) + 5}: ")
+    assert "Use bash." in note and "Use zsh." in note, note
+    # Same content, another field (a tool call's arguments): the first differing field is quoted.
+    call = assistant(None, {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "ls"}})
+    other = assistant(None, {"id": "c", "type": "function", "function": {"name": "bash", "arguments": "pwd"}})
+    note = divergence({"endpoint": "chat", "request": {"messages": [call]}}, {"messages": [other]})
+    assert '"ls"' in note and '"pwd"' in note, note
+
+
+async def test_strict_409_tells_the_sdks_not_to_retry_and_models_are_listed(
+    tmp_path: Path, aiohttp_client: ClientFactory
+) -> None:
+    path = await recorded(tmp_path / "r.db", chat("s1", "hi", "hello"))
+    client: TestClient = await aiohttp_client(
+        mock_app(load_mock(path, session="s1", strict=True), DEFAULT_MAX_BODY_BYTES)
+    )
+    refused = await client.post("/v1/chat/completions", json=ask("off script"))
+    # The openai and anthropic SDKs retry a 409 unless the answer says not to (x-should-retry).
+    assert refused.status == 409 and refused.headers["x-should-retry"] == "false"
+    for where in ("/v1/models", "/models"):
+        listed = await client.get(where)
+        assert listed.status == 200 and [m["id"] for m in (await listed.json())["data"]] == ["m"]
+    assert (await (await client.get("/v1/models/m")).json())["id"] == "m"
+    assert (await client.get("/v1/models/other")).status == 409  # strict: no such model is off script
+
+
+async def test_the_openai_sdk_sends_an_off_script_request_once(
+    tmp_path: Path, aiohttp_client: ClientFactory
+) -> None:
+    path = await recorded(tmp_path / "r.db", chat("s1", "hi", "hello"))
+    mock = load_mock(path, session="s1", strict=True)
+    lines: list[str] = []
+    client: TestClient = await aiohttp_client(mock_app(mock, DEFAULT_MAX_BODY_BYTES, lines.append))
+    sdk = openai.AsyncOpenAI(base_url=str(client.make_url("/v1")), api_key="k", max_retries=2)
+    with pytest.raises(openai.ConflictError):
+        await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "off"}])
+    await sdk.close()
+    assert len(lines) == 1, lines
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        ask("hi", stream=True, stream_options=["include_usage"]),
+        ask("hi", stream=True, stream_options="yes"),
+        b"[" * 5000 + b"]" * 5000,
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": '
+        + b"[" * 990
+        + b"]" * 990
+        + b"}",
+    ],
+    ids=["stream_options-list", "stream_options-text", "deep-json", "nested-field"],
+)
+async def test_odd_requests_get_an_answer_in_shape(
+    tmp_path: Path, aiohttp_client: ClientFactory, body: Any
+) -> None:
+    path = await recorded(tmp_path / "r.db", chat("s1", "hi", "hello", streamed=True, stream_complete=True))
+    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1"), DEFAULT_MAX_BODY_BYTES))
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer = await client.post(
+        "/v1/chat/completions", data=data, headers={"content-type": "application/json"}
+    )
+    assert answer.content_type in ("application/json", "text/event-stream"), await answer.text()
+    if answer.content_type == "application/json":
+        doc = await answer.json()
+        assert "choices" in doc or "message" in doc["error"], doc
+    else:
+        assert (await answer.text()).rstrip().endswith("data: [DONE]")
+
+
+async def test_a_recorded_reply_with_a_lone_surrogate_streams_whole(
+    tmp_path: Path, aiohttp_client: ClientFactory
+) -> None:
+    odd = exchange(
+        ask("hi"),
+        reply("bad \ud800 half"),
+        path="/v1/chat/completions",
+        session_id="s1",
+        streamed=True,
+        stream_complete=True,
+    )
+    path = await recorded(tmp_path / "r.db", odd)
+    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1"), DEFAULT_MAX_BODY_BYTES))
+    streamed = await client.post("/v1/chat/completions", json=ask("hi", stream=True))
+    assert streamed.status == 200 and streamed.content_type == "text/event-stream"
+    text = await streamed.text()
+    assert text.rstrip().endswith("data: [DONE]") and "\\ud800" in text
+    whole = await client.post("/v1/chat/completions", json=ask("hi"))
+    assert whole.status == 200 and "\\ud800" in await whole.text()

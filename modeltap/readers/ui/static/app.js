@@ -38,6 +38,11 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// replaceChildren() writes a null child as the text "null": leave out the parts a session lacks.
+function fill(node, ...children) {
+  node.replaceChildren(...children.filter((child) => child != null));
+}
+
 async function getJSON(url) {
   const response = await fetch(url, { cache: "no-store" });
   if (!response.ok) throw new Error(`${url}: ${response.status} ${await response.text()}`);
@@ -168,7 +173,8 @@ function renderSession() {
   const drift = turns.find((t) => t.token_drift)?.token_drift;
   const withIds = turns.some((t) => t.token_ids?.source);
   const labels = Object.entries(state.details?.labels ?? turns[0]?.labels ?? {});
-  main.replaceChildren(
+  fill(
+    main,
     el("h2", { text: id.id }),
     labels.length
       ? el("div", { class: "session-labels" }, ...labels.map(([k, v]) => el("span", { class: "label", text: `${k}=${v}` })))
@@ -369,9 +375,13 @@ async function showFull(number, target) {
 }
 
 function fillFull(target, turn) {
-  target.replaceChildren(
+  fill(
+    target,
     ...section("Request", el("pre", { text: pretty(turn.request) })),
-    ...section("Sent upstream (clamped)", ...(turn.sent ? [el("pre", { text: pretty(turn.sent) })] : [])),
+    ...section(
+      turn.sent_because ? `Sent upstream (${turn.sent_because})` : "Sent upstream",
+      ...(turn.sent ? [el("pre", { text: pretty(turn.sent) })] : []),
+    ),
     ...section("Response", el("pre", { text: pretty(turn.response) })),
   );
 }

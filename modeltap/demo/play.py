@@ -1,11 +1,11 @@
 """`modeltap demo`: the main job on embedded defaults, start to finish, on loopback.
 
-It starts a scripted stand-in model laid out like AReaL's proxy (chat only at the bare path, so a
-client configured with `/v1` would get 404 without modeltap: docs/areal.md §1.1.1), puts
-modeltap in front of it, plays a short tool-using agent conversation through it with the openai SDK
-(and with opencode when it is installed), and prints what was recorded.
+It starts the scripted model (model.py) laid out like AReaL's proxy (chat at the bare path only, so a
+client configured with `/v1` would get 404 without modeltap: docs/areal.md §1.1.1), puts modeltap in
+front of it, plays a short tool-using agent conversation through it with the openai SDK (and with
+opencode when it is installed), and prints what was recorded.
 
-Owns: the scripted model and the demo driver. Does not own: anything the proxy does.
+Owns: the demo's conversation. Does not own: the scripted model (model.py), anything the proxy does.
 """
 
 from __future__ import annotations
@@ -15,20 +15,16 @@ import json
 import os
 import shutil
 import tempfile
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
+from modeltap.demo.model import DEMO_MODEL, start_model
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.readers.show import session_turns
 from modeltap.records.reader import StoreReader
 
-DEMO_MODEL = "demo-model"
 DEMO_PROMPT = "Run the shell command `echo $((6 * 7))` and reply with only the number it prints."
 BASH_TOOL = {
     "type": "function",
@@ -46,7 +42,7 @@ BASH_TOOL = {
 # install's source; PATH is searched first.
 _NPM_BINS = [
     Path(".cache/npm/node_modules/.bin"),
-    Path(__file__).resolve().parents[1] / ".cache/npm/node_modules/.bin",
+    Path(__file__).resolve().parents[2] / ".cache/npm/node_modules/.bin",
 ]
 # opencode run offline: every network feature off (docs/agents.md §3.2).
 _OPENCODE_FLAGS = [
@@ -59,75 +55,6 @@ _OPENCODE_FLAGS = [
 OPENCODE_TIMEOUT_S = 120
 
 
-def scripted_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """The scripted model's next assistant message: "42" once a tool result is in, a call of the
-    offered shell tool before that, and a short title for requests that offer no tools."""
-    if messages and messages[-1].get("role") == "tool":
-        return {"role": "assistant", "content": "42"}
-    shell = next(
-        (
-            t["function"]
-            for t in tools or []
-            if t.get("function", {}).get("name") in ("bash", "shell", "Bash")
-        ),
-        None,
-    )
-    if shell is None:
-        return {"role": "assistant", "content": "Shell arithmetic check"}
-    args: dict[str, str] = {"command": "echo $((6 * 7))"}
-    if "description" in shell.get("parameters", {}).get("properties", {}):
-        args["description"] = "Multiply six by seven"
-    call = {
-        "id": "call_" + uuid.uuid4().hex[:24],
-        "type": "function",
-        "function": {"name": shell["name"], "arguments": json.dumps(args)},
-    }
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
-
-
-async def _chat(request: web.Request) -> web.StreamResponse:
-    body = await request.json()
-    message = scripted_reply(body.get("messages", []), body.get("tools"))
-    finish = "tool_calls" if message.get("tool_calls") else "stop"
-    usage = {"prompt_tokens": 20 * len(body.get("messages", [])), "completion_tokens": 5}
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    base = {"id": "chatcmpl-demo", "created": int(time.time()), "model": body.get("model", DEMO_MODEL)}
-    if not body.get("stream"):
-        choice = {"index": 0, "message": message, "finish_reason": finish}
-        return web.json_response(base | {"object": "chat.completion", "choices": [choice], "usage": usage})
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    chunk = base | {"object": "chat.completion.chunk"}
-    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    if message.get("content"):
-        deltas.append({"content": message["content"]})
-    for i, call in enumerate(message.get("tool_calls") or []):
-        head = {
-            "index": i,
-            "id": call["id"],
-            "type": "function",
-            "function": {"name": call["function"]["name"]},
-        }
-        deltas.append({"tool_calls": [head | {"function": head["function"] | {"arguments": ""}}]})
-        deltas.append(
-            {"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}
-        )
-    events = [chunk | {"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-    events.append(chunk | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage})
-    for event in events:
-        await response.write(f"data: {json.dumps(event)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
-
-
-def scripted_model_app() -> web.Application:
-    """The stand-in model: AReaL's layout, chat at the bare `/chat/completions` only."""
-    app = web.Application()
-    app.router.add_post("/chat/completions", _chat)
-    return app
-
-
 async def run_demo(store: str, say: Callable[[str], None] = print) -> int:
     """Play the demo, print what was recorded, and return a process exit code."""
     try:
@@ -135,16 +62,12 @@ async def run_demo(store: str, say: Callable[[str], None] = print) -> int:
     except ImportError:
         say("modeltap demo drives the openai SDK: pip install 'modeltap[demo]'")
         return 1
-    runner = web.AppRunner(scripted_model_app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    model_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, model_url = await start_model("127.0.0.1", 0, areal_layout=True)
     try:
         config = ProxyConfig(upstream=model_url, host="127.0.0.1", port=0, store=store, model=DEMO_MODEL)
         async with Proxy(config) as proxy:
             session = proxy.sessions.open(labels={"task_id": "demo", "agent": "openai-sdk"})
-            say(f"scripted model (AReaL layout: bare /chat/completions only) at {model_url}")
+            say(f"scripted model (AReaL's layout: chat at the bare /chat/completions, no /v1) at {model_url}")
             say(f"modeltap at {proxy.host_base_url}; the agent is given {session.host_base_url}/v1\n")
             client = AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="unused", max_retries=0)
             await _sdk_conversation(client, say)
@@ -185,7 +108,7 @@ async def _sdk_conversation(client: Any, say: Callable[[str], None]) -> None:
 async def _opencode_conversation(proxy: Proxy, say: Callable[[str], None]) -> str | None:
     binary = _find_opencode()
     if binary is None:
-        say("opencode is not installed (make test installs it into .cache/npm): skipping the opencode run")
+        say("opencode is not installed (make demo installs it into .cache/npm): skipping the opencode run")
         return None
     session = proxy.sessions.open(labels={"task_id": "demo", "agent": "opencode"})
     with tempfile.TemporaryDirectory(prefix="modeltap-demo-") as home:
