@@ -84,11 +84,22 @@ def conversations(targets: list[int], count_tokens: Callable[[list[str]], list[i
     One history is cut at each target, so each conversation extends the shorter ones, as a growing agent
     session does. ``count_tokens`` counts each string of a batch with the served model's tokenizer.
     """
+    histories = conversation_messages(targets, count_tokens)
+    return {
+        target: body_for_messages([*messages, {"role": "user", "content": NEXT_TURN}])
+        for target, messages in histories.items()
+    }
+
+
+def conversation_messages(
+    targets: list[int], count_tokens: Callable[[list[str]], list[int]]
+) -> dict[int, list[dict[str, Any]]]:
+    """The messages of `conversations`' histories, each ending on the assistant's reply."""
     lines = _code_lines(random.Random(SEED))
     system_tokens, reply_tokens = count_tokens([SYSTEM_PROMPT, ASSISTANT_REPLY])
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
     total = system_tokens
-    bodies: dict[int, BodyFor] = {}
+    histories: dict[int, list[dict[str, Any]]] = {}
     for target in sorted(targets):
         while total < target:
             batch = list(itertools.islice(lines, LINES_PER_BATCH))
@@ -97,8 +108,8 @@ def conversations(targets: list[int], count_tokens: Callable[[list[str]], list[i
             messages.append({"role": "user", "content": "\n".join(batch[:take])})
             messages.append({"role": "assistant", "content": ASSISTANT_REPLY})
             total += sum(counts[:take]) + reply_tokens
-        bodies[target] = body_for_messages([*messages, {"role": "user", "content": NEXT_TURN}])
-    return bodies
+        histories[target] = list(messages)
+    return histories
 
 
 def _prefix_within(counts: list[int], budget: int) -> int:

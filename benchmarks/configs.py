@@ -242,6 +242,16 @@ class ModeltapTokenIds(Modeltap):
         return [*super().argv(upstream, port, workdir), "--token-ids", "--engine", "vllm"]
 
 
+class ModeltapExact(Modeltap):
+    name, description = (
+        "modeltap-exact",
+        "the same, with --tokens exact --engine vllm (builds the prompt's ids)",
+    )
+
+    def argv(self, upstream: str, port: int, workdir: Path) -> list[str]:
+        return [*super().argv(upstream, port, workdir), "--tokens", "exact", "--engine", "vllm"]
+
+
 def _mib(*paths: Path) -> str:
     return f"{sum(p.stat().st_size for p in paths if p.exists()) / 2**20:.1f} MiB"
 

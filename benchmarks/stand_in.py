@@ -3,7 +3,9 @@
 Owns: the upstream every benchmark configuration talks to, so that what is measured is the proxy in
 front of it. Not: realism (the test suite has the backend look-alikes with their errors and quirks).
 
-Answers ``POST /v1/chat/completions`` and ``POST /chat/completions``. Non-streamed: one canned
+Answers ``POST /v1/chat/completions`` and ``POST /chat/completions``, and vLLM's ``POST
+/v1/completions`` with the prompt as ids (what ``serve --tokens exact`` sends: the prompt's ids back,
+and the canned reply's ids in Qwen3's format, ``REPLY_TEXT``). Non-streamed: one canned
 ``chat.completion``. Streamed: the first chunk at once, then ``STREAM_CONTENT_CHUNKS - 1`` more
 ``STREAM_GAP_S`` apart, a finish chunk, a usage chunk and ``data: [DONE]``. With vLLM's
 ``return_token_ids`` it answers as vLLM does (docs/engines.md §1.2, §1.3): the prompt's ids (one per
@@ -125,11 +127,64 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return response
 
 
+# What the canned model writes for a prompt of ids, in Qwen3's format: reasoning, then the marker.
+REPLY_TEXT = f"<think>\nok\n</think>\n\n{CONTENT_MARKER}"
+_REPLY_IDS: list[int] = []
+
+
+def _reply_ids() -> list[int]:
+    """`REPLY_TEXT`'s ids in the Qwen vocabulary the benchmarks serve, then the end of turn."""
+    if not _REPLY_IDS:
+        from tokenizers import Tokenizer  # with modeltap's budget extra, in the bench's venv
+
+        from benchmarks.configs import qwen_tokenizer_dir
+
+        tokenizer = Tokenizer.from_file(str(qwen_tokenizer_dir() / "tokenizer.json"))
+        _REPLY_IDS.extend([*tokenizer.encode(REPLY_TEXT, add_special_tokens=False).ids, END_OF_TURN_ID])
+    return _REPLY_IDS
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """vLLM's completions route for a prompt of ids: the prompt's ids, the canned reply's ids and text
+    (without its end of turn), streamed a few ids a chunk when asked, with usage and `[DONE]`."""
+    body = json.loads(await request.read())
+    prompt = body["prompt"] if isinstance(body.get("prompt"), list) else []
+    ids = _reply_ids()
+    usage = {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(ids),
+        "total_tokens": len(prompt) + len(ids),
+    }
+
+    def choice(piece: list[int], text: str, finish: str | None) -> dict[str, object]:
+        return {"index": 0, "text": text, "token_ids": piece, "logprobs": None, "finish_reason": finish}
+
+    if not body.get("stream"):
+        answer = {"id": "cmpl-bench", "object": "text_completion", "model": MODEL, "usage": usage}
+        answer["choices"] = [{**choice(ids, REPLY_TEXT, "stop"), "prompt_token_ids": prompt}]
+        return web.Response(body=json.dumps(answer).encode(), content_type="application/json")
+    response = web.StreamResponse(headers={hdrs.CONTENT_TYPE: "text/event-stream"})
+    await response.prepare(request)
+    pieces = [ids[i : i + 4] for i in range(0, len(ids), 4)]
+    for n, piece in enumerate(pieces):
+        streamed = choice(piece, "", "stop" if n == len(pieces) - 1 else None)
+        if n == 0:
+            streamed["prompt_token_ids"] = prompt
+        await response.write(
+            b"data: " + json.dumps({"id": "cmpl-bench", "choices": [streamed]}).encode() + b"\n\n"
+        )
+    tail = {"id": "cmpl-bench", "choices": [], "usage": usage}
+    await response.write(b"data: " + json.dumps(tail).encode() + b"\n\ndata: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
 def build_app() -> web.Application:
     """The stand-in's routes: chat completions with and without the ``/v1`` prefix, and ``/health``."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
     # vLLM's liveness route: rLLM's gateway takes a worker that fails it three times for dead.
     app.router.add_get("/health", health)
     return app

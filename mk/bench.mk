@@ -13,7 +13,7 @@ BENCH_PYTHON_agl ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/pytho
 BENCH_PEERS := mitmproxy litellm rllm
 BENCH_ARGS ?=
 
-.PHONY: bench bench-trend bench-overhead bench-scale bench-counting bench-otlp bench-token-ids bench-profile bench-translation bench-store bench-venvs
+.PHONY: bench bench-trend bench-overhead bench-scale bench-counting bench-otlp bench-token-ids bench-exact bench-profile bench-translation bench-store bench-venvs
 
 bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
@@ -24,6 +24,7 @@ bench: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_translation $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_store $(BENCH_ARGS)
 	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
+	.venv-bench/bin/python -m benchmarks.bench_exact $(BENCH_ARGS)
 
 bench-overhead: bench-venvs
 	.venv-bench/bin/python -m benchmarks.bench_overhead $(BENCH_ARGS)
@@ -48,6 +49,10 @@ bench-store: .venv-bench/.installed
 
 bench-token-ids: .venv-bench/.installed
 	.venv-bench/bin/python -m benchmarks.bench_token_ids $(BENCH_ARGS)
+
+# serve --tokens exact against --tokens observe, per turn at 2k and 60k tokens of history.
+bench-exact: .venv-bench/.installed
+	.venv-bench/bin/python -m benchmarks.bench_exact $(BENCH_ARGS)
 
 # The trend table from the kept release runs and the latest overhead run (benchmarks/trend.py).
 bench-trend: .venv-bench/.installed
