@@ -91,7 +91,13 @@ class BackgroundLoop:
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
         tasks = cast(Tasks, self._tasks)
         spawned: list[asyncio.Task[None]] = []
-        loop.call_soon_threadsafe(lambda: spawned.append(tasks.spawn(_deliver(coro, done), name)))
+
+        def start() -> None:
+            task = tasks.spawn(_deliver(coro, done), name)
+            task.add_done_callback(lambda _: _abandoned(coro, done))
+            spawned.append(task)
+
+        loop.call_soon_threadsafe(start)
         waiter = asyncio.wrap_future(done)
         try:
             return await asyncio.shield(waiter)
@@ -181,6 +187,15 @@ async def _deliver(coro: Coroutine[Any, Any, T], done: concurrent.futures.Future
         done.set_exception(exc)
         return
     done.set_result(result)
+
+
+def _abandoned(coro: Coroutine[Any, Any, T], done: concurrent.futures.Future[T]) -> None:
+    """After the task that ran `_deliver` ended: if it was cancelled before its first step, the body
+    of `_deliver` never ran, so `coro` never started and `done` was never settled. Settle it here, or
+    the caller waits for it forever (AReaL cancels a run it has just submitted on pause and stop)."""
+    if not done.done():
+        coro.close()  # it never started: nothing to unwind, and no "never awaited" warning
+        done.cancel()
 
 
 _BACKGROUND = BackgroundLoop()
