@@ -93,6 +93,31 @@ async def test_cancelling_a_command_kills_its_group_before_the_cancel_propagates
         assert await wait_gone(pid, timeout_s=1.0)
 
 
+async def test_a_command_ends_with_its_process_though_one_outside_its_group_holds_its_output() -> None:
+    """A process that leaves the group (setsid, a daemon) keeps the command's stdout open; the
+    command, and its cancellation, still end when the command's own process does."""
+    async with await LocalProvider().open(SandboxSpec("r7", None, "/work")) as box:
+        pids = [Path(box.workdir) / "ended.pid", Path(box.workdir) / "cancelled.pid"]
+
+        def escaping(pid_file: Path, then: str) -> list[str]:
+            return ["sh", "-c", f"setsid sleep 30 & echo $! > {pid_file.name}; {then}"]
+
+        try:
+            run = asyncio.ensure_future(box.exec(escaping(pids[0], "echo done"), {}, 600))
+            done, _ = await asyncio.wait({run}, timeout=10.0)  # a hang detector, not a speed limit
+            assert done, "the command waited for a process outside its group"
+            assert run.result().exit_code == 0 and run.result().stdout == "done\n"
+            cancelled = asyncio.ensure_future(box.exec(escaping(pids[1], "exec sleep 600"), {}, 600))
+            await wait_for_pid(pids[1])
+            cancelled.cancel()
+            done, _ = await asyncio.wait({cancelled}, timeout=10.0)
+            assert done and cancelled.cancelled(), "the cancel waited for a process outside its group"
+        finally:
+            for pid in pids:
+                if pid.exists():
+                    os.kill(int(pid.read_text()), 9)
+
+
 async def test_read_file_returns_bytes_none_for_a_missing_file_and_refuses_huge_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
