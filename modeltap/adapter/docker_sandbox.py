@@ -34,6 +34,7 @@ import requests.exceptions
 from modeltap.adapter.bundle import Mount
 from modeltap.adapter.sandbox import (
     MAX_FILE_BYTES,
+    BoundedOutput,
     Closing,
     ExecResult,
     SandboxError,
@@ -278,13 +279,23 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, labels: dict[str, st
 def _exec(
     client: docker.DockerClient, container_id: str, argv: Sequence[str], env: Mapping[str, str], workdir: str
 ) -> tuple[int, str, str]:
+    """Run one exec to its end, its output kept within BoundedOutput's bound (docs/docker.md §2)."""
+    streams = {"stdout": BoundedOutput(), "stderr": BoundedOutput()}
     try:
         created = client.api.exec_create(container_id, list(argv), environment=dict(env), workdir=workdir)
-        stdout, stderr = client.api.exec_start(created["Id"], demux=True)
+        frames = client.api.exec_start(created["Id"], stream=True, demux=True)
+        try:
+            for stdout, stderr in frames:
+                if stdout:
+                    streams["stdout"].write(stdout)
+                if stderr:
+                    streams["stderr"].write(stderr)
+        finally:
+            frames.close()
         exit_code = client.api.exec_inspect(created["Id"])["ExitCode"]
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise SandboxError(f"command {list(argv)[:3]}… could not run in the container: {exc}") from exc
-    return exit_code, decoded(stdout), decoded(stderr)
+    return exit_code, streams["stdout"].text(), streams["stderr"].text()
 
 
 def _read_file(container: Any, path: str) -> bytes | None:

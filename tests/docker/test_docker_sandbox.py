@@ -14,7 +14,13 @@ import pytest
 
 from modeltap.adapter.bundle import Mount
 from modeltap.adapter.docker_sandbox import LABEL_OWNER, LABEL_RUN, DockerProvider
-from modeltap.adapter.sandbox import MAX_FILE_BYTES, SandboxError, SandboxSpec
+from modeltap.adapter.sandbox import (
+    MAX_FILE_BYTES,
+    OUTPUT_HEAD_BYTES,
+    OUTPUT_TAIL_BYTES,
+    SandboxError,
+    SandboxSpec,
+)
 
 USR = Mount("usr", Path("/usr"), "/usr")
 
@@ -164,4 +170,21 @@ async def test_failures_of_dockerd_are_sandbox_errors_naming_the_run_and_the_cau
         with pytest.raises(SandboxError, match=rf"big.bin is {MAX_FILE_BYTES + 1} bytes, over the"):
             await box.read_file("big.bin")
     await provider.remove_run("sbx-bigfile")  # after close: removing what is already gone is no error
+    await provider.close()
+
+
+async def test_a_command_s_huge_output_is_streamed_and_kept_bounded(
+    docker_client: docker.DockerClient, hostroot_image: str
+) -> None:
+    """docker-py's exec_start without stream= joins 40 MB by bytes concatenation and holds it all."""
+    provider = DockerProvider()
+    size = 40 * 1024 * 1024
+    async with await provider.open(SandboxSpec("sbx-bigout", hostroot_image, "/work", (USR,))) as box:
+        script = f"head -c {size} /dev/zero | tr '\\0' x; echo END; echo oops >&2"
+        result = await box.exec(["bash", "-c", script], {}, 120)
+    assert (result.exit_code, result.stderr) == (0, "oops\n")
+    dropped = size + 4 - OUTPUT_HEAD_BYTES - OUTPUT_TAIL_BYTES
+    head, gap, tail = result.stdout.partition(f"\n[… {dropped} bytes of output dropped …]\n")
+    assert gap and head == "x" * OUTPUT_HEAD_BYTES
+    assert tail == "x" * (OUTPUT_TAIL_BYTES - 4) + "END\n"
     await provider.close()

@@ -15,7 +15,15 @@ import pytest
 from modeltap.adapter import local_sandbox
 from modeltap.adapter.bundle import Mount
 from modeltap.adapter.local_sandbox import LocalProvider
-from modeltap.adapter.sandbox import ExecResult, SandboxError, SandboxSpec, provider_for
+from modeltap.adapter.sandbox import (
+    OUTPUT_HEAD_BYTES,
+    OUTPUT_TAIL_BYTES,
+    BoundedOutput,
+    ExecResult,
+    SandboxError,
+    SandboxSpec,
+    provider_for,
+)
 
 
 def alive(pid: int) -> bool:
@@ -134,6 +142,35 @@ async def test_a_missing_binary_is_a_sandbox_error_naming_it() -> None:
     async with await LocalProvider().open(SandboxSpec("r6", None, "/work")) as box:
         with pytest.raises(SandboxError, match="cannot start '/nonexistent/agent'"):
             await box.exec(["/nonexistent/agent"], {}, 5)
+
+
+def test_bounded_output_keeps_head_and_tail_holds_a_bounded_amount_and_says_what_it_dropped() -> None:
+    out = BoundedOutput(head=100, tail=1000)
+    data = bytes(range(256)) * (40 * 4096)  # 40 MiB
+    chunk = 65536
+    for start in range(0, len(data), chunk):
+        out.write(data[start : start + chunk])
+        assert out.held <= 100 + 1000 + chunk  # never more than the bound and one chunk
+    assert out.total == len(data) and out.dropped == len(data) - 1100
+    expected_head = data[:100].decode("utf-8", errors="replace")
+    expected_tail = data[-1000:].decode("utf-8", errors="replace")
+    assert out.text() == f"{expected_head}\n[… {len(data) - 1100} bytes of output dropped …]\n{expected_tail}"
+    small = BoundedOutput(head=100, tail=1000)
+    for piece in (b"a" * 60, b"b" * 600, b"c" * 440):
+        small.write(piece)
+    assert small.dropped == 0 and small.text() == "a" * 60 + "b" * 600 + "c" * 440
+    one_big = BoundedOutput(head=4, tail=4)
+    one_big.write(b"0123456789")
+    assert one_big.text() == "0123\n[… 2 bytes of output dropped …]\n6789"
+
+
+async def test_a_command_s_huge_output_is_kept_bounded() -> None:
+    async with await LocalProvider().open(SandboxSpec("r8", None, "/work")) as box:
+        result = await box.exec(["sh", "-c", "head -c 41943040 /dev/zero | tr '\\0' x; echo END"], {}, 60)
+    dropped = 41943040 + 4 - OUTPUT_HEAD_BYTES - OUTPUT_TAIL_BYTES
+    assert f"\n[… {dropped} bytes of output dropped …]\n" in result.stdout
+    assert result.stdout.endswith("x" * 100 + "END\n")
+    assert len(result.stdout) < OUTPUT_HEAD_BYTES + OUTPUT_TAIL_BYTES + 100
 
 
 def test_a_log_entry_keeps_the_tail_of_long_output() -> None:
