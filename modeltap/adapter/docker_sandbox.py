@@ -41,6 +41,7 @@ from modeltap.adapter.sandbox import (
     SandboxSpec,
     decoded,
     in_thread,
+    unwinding,
 )
 from modeltap.proxy.tasks import finish
 
@@ -94,18 +95,22 @@ class DockerProvider(Closing):
 
     def __init__(self) -> None:
         self.owner = _owner_id()
-        self._client: docker.DockerClient | None = None
-        self._streams: docker.DockerClient | None = None
+        # One connection attempt shared by every caller: concurrent first runs would otherwise each
+        # connect, and a caller cancelled mid-connect would drop clients nobody then closes.
+        self._connecting: asyncio.Future[tuple[docker.DockerClient, docker.DockerClient]] | None = None
         self._prepared: set[str] = set()
         self._reaped = False
 
     async def _clients(self) -> tuple[docker.DockerClient, docker.DockerClient]:
-        if self._client is None or self._streams is None:
-            # Through locals: with the Optional attributes as targets, mypy takes the call's type from
-            # them and cannot narrow them.
-            client, streams = await in_thread("docker-connect", _connect)
-            self._client, self._streams = client, streams
-        return self._client, self._streams
+        if self._connecting is None:
+            self._connecting = in_thread("docker-connect", _connect)
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        except SandboxError:
+            if self._connecting is connecting:
+                self._connecting = None  # the next call tries again
+            raise
 
     async def prepare(self, images: Iterable[str]) -> None:
         """Check every image exists (pulling it if not), and reap strays once per process."""
@@ -129,7 +134,9 @@ class DockerProvider(Closing):
         try:
             container = await finish(in_thread("docker-create", _create, client, spec, labels))
         except asyncio.CancelledError:
-            await self.remove_run(spec.run_id)  # cancelled while creating: the new container is a stray
+            # Cancelled while creating: the new container is a stray. Removed to the end, however often
+            # the cancel is repeated meanwhile.
+            await unwinding(self.remove_run(spec.run_id))
             raise
         return DockerSandbox(client, streams, container, spec)
 
@@ -158,14 +165,20 @@ class DockerProvider(Closing):
 
     async def close(self) -> None:
         """Remove every container this process still owns and drop the daemon connections."""
-        if self._client is None or self._streams is None:
+        connecting, self._connecting = self._connecting, None
+        if connecting is None:
             return
-        found = await in_thread("docker-list", _list, self._client, {"label": f"{LABEL_OWNER}={self.owner}"})
-        for container in found:
-            await finish(in_thread("docker-remove", _remove, container))
-        self._client.close()
-        self._streams.close()
-        self._client = self._streams = None
+        try:
+            client, streams = await finish(connecting)
+        except SandboxError:
+            return  # never connected: nothing was made
+        try:
+            found = await in_thread("docker-list", _list, client, {"label": f"{LABEL_OWNER}={self.owner}"})
+            for container in found:
+                await finish(in_thread("docker-remove", _remove, container))
+        finally:
+            client.close()
+            streams.close()
 
 
 class DockerSandbox(Closing):
@@ -190,7 +203,10 @@ class DockerSandbox(Closing):
         started = time.monotonic()
         call = in_thread("docker-exec", _exec, self._streams, self._container.id, argv, env, self.workdir)
         try:
-            exit_code, stdout, stderr = await asyncio.wait_for(call, timeout_s)
+            # asyncio.timeout, not 3.11's wait_for: that one returns the result and drops a cancel that
+            # arrives as the call completes, and the cancelled run would then carry on.
+            async with asyncio.timeout(timeout_s):
+                exit_code, stdout, stderr = await call
         except TimeoutError:
             exit_code, stdout, stderr = None, "", ""
         result = ExecResult(tuple(argv), exit_code, stdout, stderr, time.monotonic() - started)
@@ -207,10 +223,13 @@ class DockerSandbox(Closing):
         if self._closed:
             return
         self._closed = True
-        container_logs = await finish(in_thread("docker-logs", _container_logs, self._container))
+        await unwinding(self._remove())  # a cancel between its steps must not skip the removal
+
+    async def _remove(self) -> None:
+        container_logs = await in_thread("docker-logs", _container_logs, self._container)
         if container_logs:
             self.logs.append(f"--- container output ---\n{container_logs}")
-        await finish(in_thread("docker-remove", _remove, self._container))
+        await in_thread("docker-remove", _remove, self._container)
 
 
 # The blocking halves of the calls above. Each runs in its own thread; docker SDK errors stop here.

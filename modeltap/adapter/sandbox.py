@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from modeltap.adapter.bundle import Mount
+from modeltap.proxy.tasks import finish
 
 T = TypeVar("T")
 
@@ -207,6 +208,16 @@ class BoundedOutput:
             return decoded(bytes(self._head) + tail)
         gap = f"\n[… {self.dropped} bytes of output dropped …]\n"
         return decoded(bytes(self._head)) + gap + decoded(tail)
+
+
+async def unwinding(teardown: Coroutine[Any, Any, T]) -> T:
+    """Run `teardown` to its end even if the caller is cancelled meanwhile, then re-raise the cancel.
+
+    For a teardown of several steps: `finish()` around each step would let a cancel that arrives
+    during one skip the next (the container removal after its logs). The task running it is held by
+    this call, which does not return before the task ends.
+    """
+    return await finish(asyncio.ensure_future(teardown))
 
 
 def decoded(data: bytes | None) -> str:
