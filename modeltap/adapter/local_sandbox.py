@@ -8,10 +8,12 @@ process can.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from modeltap.adapter.bundle import Mount
+from modeltap.adapter.bundle import Mount, path_inside
 from modeltap.adapter.sandbox import (
     MAX_FILE_BYTES,
     BoundedOutput,
@@ -134,8 +136,10 @@ class LocalSandbox(Closing):
             ) from exc
 
     async def read_file(self, path: str) -> bytes | None:
-        """The file at `path` (relative to the workdir), or None if it does not exist."""
-        return await in_thread("local-read", _read_host_file, Path(self.workdir, path))
+        """The regular file at `path` inside the workdir, or None if there is none. A path that
+        leaves the workdir, a link on the way, or a file that is not regular (a FIFO, a device) is a
+        SandboxError; nothing here can block."""
+        return await in_thread("local-read", _read_inside, Path(self.workdir), path)
 
     async def close(self) -> None:
         """Kill every process group the run started (stray background children too), then delete the
@@ -175,9 +179,9 @@ def _group_running(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):  # gone, or its id now names another user's group
         return False
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for process in Path("/proc").glob("[0-9]*/stat"):
         try:
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            state, _, group = process.read_text().rsplit(")", 1)[1].split()[:3]
         except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
         if group == str(pgid) and state != "Z":
@@ -205,12 +209,51 @@ def _read_outputs(outputs: tuple[Path, Path]) -> tuple[str, str]:
     return texts[0], texts[1]
 
 
-def _read_host_file(path: Path) -> bytes | None:
+def _read_inside(workdir: Path, path: str) -> bytes | None:
+    """Open each component of `path` relative to the one before, from `workdir`, never following a
+    link (so neither ".." nor a link the agent made leads out), the file itself non-blocking (opening
+    or reading a FIFO would wait for a writer for good); read it only if it is a regular file, and at
+    most MAX_FILE_BYTES of it."""
+    parts = path_inside(path)
+    if parts is None:
+        raise SandboxError(f"answer file {path!r} is not a path inside the workdir")
+    walk = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    directory = os.open(workdir, walk | os.O_DIRECTORY)
+    part = ""
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except (FileNotFoundError, IsADirectoryError):
-        return None
+        for part in parts[:-1]:
+            inner = os.open(part, walk | os.O_DIRECTORY, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        part = parts[-1]
+        fd = os.open(part, walk | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=directory)
+    except OSError as exc:
+        # Linux says ELOOP for a link opened with O_NOFOLLOW, and ENOTDIR when O_DIRECTORY is set too.
+        if exc.errno == errno.ELOOP or _is_link(part, directory):
+            raise SandboxError(f"answer file {path!r}: {part!r} on its way is a symlink") from exc
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            return None  # no such file (or a file where the path needs a directory)
+        raise SandboxError(f"answer file {path!r} cannot be read: {exc.strerror}") from exc
+    finally:
+        os.close(directory)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise SandboxError(f"answer file {path!r} is not a regular file ({_file_kind(mode)})")
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
-        raise SandboxError(f"{path} is over the {MAX_FILE_BYTES}-byte limit for answers")
+        raise SandboxError(f"answer file {path!r} is over the {MAX_FILE_BYTES}-byte limit for answers")
     return data
+
+
+def _is_link(name: str, directory: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=directory).st_mode)
+    except OSError:
+        return False
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "a device")

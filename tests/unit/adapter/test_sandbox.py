@@ -7,10 +7,13 @@ import asyncio
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from modeltap.adapter import local_sandbox
 from modeltap.adapter.bundle import Mount
@@ -136,6 +139,104 @@ async def test_read_file_returns_bytes_none_for_a_missing_file_and_refuses_huge_
         monkeypatch.setattr(local_sandbox, "MAX_FILE_BYTES", 2)
         with pytest.raises(SandboxError, match="over the 2-byte limit"):
             await box.read_file("answer.txt")
+
+
+def answer_tree(work: Path) -> Path:
+    """What an agent can leave in its workdir where its answer is read: a regular file, one in a
+    directory, links out of the workdir and within it, a FIFO and links to it; and beside the
+    workdir, a file of the host that no answer may read."""
+    (work.parent / "outside.txt").write_bytes(b"host secret")
+    (work / "sub").mkdir(parents=True)
+    (work / "answer.txt").write_bytes(b"the answer")
+    (work / "sub" / "inner.txt").write_bytes(b"the inner answer")
+    os.mkfifo(work / "pipe")
+    (work / "link").symlink_to("/etc/hostname")
+    (work / "up").symlink_to(work.parent / "outside.txt")
+    (work / "sublink").symlink_to("sub")
+    (work / "tofifo").symlink_to("pipe")
+    (work / "sub" / "loop").symlink_to("../sub/loop")
+    return work
+
+
+def read_or_hang(work: Path, path: str) -> bytes | SandboxError | None:
+    """`_read_inside`, in a thread so that a read that blocks fails the test instead of hanging it."""
+    outcome: list[bytes | SandboxError | None] = []
+
+    def read() -> None:
+        try:
+            outcome.append(local_sandbox._read_inside(work, path))
+        except SandboxError as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10.0)  # a hang detector, not a speed limit
+    assert outcome, f"reading the answer {path!r} blocked"
+    return outcome[0]
+
+
+async def test_an_answer_file_outside_the_workdir_a_link_or_a_fifo_is_refused_without_blocking() -> None:
+    async def read(path: str) -> bytes | SandboxError | None:
+        reading = asyncio.ensure_future(box.read_file(path))
+        done, _ = await asyncio.wait({reading}, timeout=10.0)  # a hang detector, not a speed limit
+        assert done, f"reading the answer {path!r} blocked"
+        return reading.exception() if isinstance(reading.exception(), SandboxError) else reading.result()
+
+    async with await LocalProvider().open(SandboxSpec("r9", None, "/work")) as box:
+        answer_tree(Path(box.workdir))
+        for path, expected in [
+            ("answer.txt", b"the answer"),
+            ("./sub//inner.txt", b"the inner answer"),
+            ("missing.txt", None),
+            ("answer.txt/below", None),
+        ]:
+            assert await read(path) == expected, path
+        for path, why in [
+            ("../outside.txt", "not a path inside the workdir"),
+            ("../../etc/hostname", "not a path inside the workdir"),
+            ("/etc/hostname", "not a path inside the workdir"),
+            (".", "not a path inside the workdir"),
+            ("link", "symlink"),
+            ("up", "symlink"),
+            ("sublink/inner.txt", "symlink"),
+            ("sub/loop", "symlink"),
+            ("pipe", "not a regular file (a FIFO)"),
+            ("tofifo", "symlink"),
+            ("sub", "not a regular file (a directory)"),
+        ]:
+            refused = await read(path)
+            assert isinstance(refused, SandboxError) and why in str(refused), (path, refused)
+
+
+ANSWER_PARTS = ["answer.txt", "sub", "inner.txt", "link", "up", "sublink", "tofifo", "pipe", "loop"]
+ANSWER_PARTS += ["..", ".", "", "outside.txt", "etc", "hostname", "work", "\0", " "]
+
+
+@st.composite
+def answer_paths(draw: st.DrawFn) -> str:
+    lead = draw(st.sampled_from(["", "/", "./", "//", "../"]))
+    parts = draw(st.lists(st.sampled_from(ANSWER_PARTS) | st.text(max_size=4), max_size=5))
+    return lead + "/".join(parts)
+
+
+def test_fuzzed_answer_paths_read_only_regular_files_inside_the_workdir(tmp_path: Path) -> None:
+    work = answer_tree(tmp_path / "work")
+    inside = {b"the answer", b"the inner answer"}
+
+    @settings(max_examples=400, deadline=None)
+    @given(answer_paths())
+    def check(path: str) -> None:
+        outcome = read_or_hang(work, path)
+        if isinstance(outcome, bytes):
+            assert outcome in inside, path
+            # What was read is what the path names lexically, and no link was on the way.
+            parts = Path(os.path.normpath(path)).parts
+            assert ".." not in parts and not os.path.isabs(path), path
+            assert (work.joinpath(*parts)).read_bytes() == outcome
+            for depth in range(1, len(parts) + 1):
+                assert not work.joinpath(*parts[:depth]).is_symlink(), path
+
+    check()
 
 
 async def test_a_missing_binary_is_a_sandbox_error_naming_it() -> None:
