@@ -24,6 +24,8 @@ from typing import Literal
 from modeltap.adapter.bundle import Mount, path_inside
 from modeltap.adapter.sandbox import (
     MAX_FILE_BYTES,
+    OUTPUT_HEAD_BYTES,
+    OUTPUT_TAIL_BYTES,
     BoundedOutput,
     Closing,
     ExecResult,
@@ -202,6 +204,12 @@ def _read_outputs(outputs: tuple[Path, Path]) -> tuple[str, str]:
     for path in outputs:
         kept = BoundedOutput()
         with path.open("rb") as handle:
+            # Only the head and the tail are read: the work is bounded whatever the command printed.
+            middle = os.fstat(handle.fileno()).st_size - OUTPUT_HEAD_BYTES - OUTPUT_TAIL_BYTES
+            if middle > 0:
+                kept.write(handle.read(OUTPUT_HEAD_BYTES))
+                kept.skip(middle)
+                handle.seek(middle, os.SEEK_CUR)
             while chunk := handle.read(1 << 20):
                 kept.write(chunk)
         path.unlink()

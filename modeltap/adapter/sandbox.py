@@ -191,6 +191,13 @@ class BoundedOutput:
         while self._tail_size - len(self._tail[0]) >= self._tail_limit:
             self._tail_size -= len(self._tail.popleft())
 
+    def skip(self, count: int) -> None:
+        """Count `count` bytes that follow the head and are never read (the middle of a file, which
+        is then read from where its tail starts). Only before anything past the head was written."""
+        if self._tail or len(self._head) < self._head_limit:
+            raise ValueError("skip() is for the bytes right after a full head")
+        self.total += count
+
     @property
     def held(self) -> int:
         """Bytes held now: the head, and the chunks the tail is cut from."""

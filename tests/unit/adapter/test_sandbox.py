@@ -260,18 +260,36 @@ def test_bounded_output_keeps_head_and_tail_holds_a_bounded_amount_and_says_what
     for piece in (b"a" * 60, b"b" * 600, b"c" * 440):
         small.write(piece)
     assert small.dropped == 0 and small.text() == "a" * 60 + "b" * 600 + "c" * 440
+    skipped = BoundedOutput(head=4, tail=4)
+    skipped.write(b"0123")
+    skipped.skip(100)
+    skipped.write(b"wxyz")
+    assert (skipped.total, skipped.dropped) == (108, 100)
+    with pytest.raises(ValueError, match="right after a full head"):
+        skipped.skip(1)
     one_big = BoundedOutput(head=4, tail=4)
     one_big.write(b"0123456789")
     assert one_big.text() == "0123\n[… 2 bytes of output dropped …]\n6789"
 
 
-async def test_a_command_s_huge_output_is_kept_bounded() -> None:
+async def test_a_command_s_huge_output_is_kept_bounded_and_only_its_head_and_tail_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    read: list[int] = []
+
+    class Counted(BoundedOutput):
+        def write(self, chunk: bytes) -> None:
+            read.append(len(chunk))
+            super().write(chunk)
+
+    monkeypatch.setattr(local_sandbox, "BoundedOutput", Counted)
     async with await LocalProvider().open(SandboxSpec("r8", None, "/work")) as box:
         result = await box.exec(["sh", "-c", "head -c 41943040 /dev/zero | tr '\\0' x; echo END"], {}, 60)
     dropped = 41943040 + 4 - OUTPUT_HEAD_BYTES - OUTPUT_TAIL_BYTES
     assert f"\n[… {dropped} bytes of output dropped …]\n" in result.stdout
     assert result.stdout.endswith("x" * 100 + "END\n")
     assert len(result.stdout) < OUTPUT_HEAD_BYTES + OUTPUT_TAIL_BYTES + 100
+    assert sum(read) == OUTPUT_HEAD_BYTES + OUTPUT_TAIL_BYTES  # the 32 MB between were never read
 
 
 def test_a_log_entry_keeps_the_tail_of_long_output() -> None:
