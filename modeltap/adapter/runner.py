@@ -260,7 +260,7 @@ def _result_answer(stdout: str) -> str | None:
     JSON array (docs/agents.md §4.1, §7.3)."""
     try:
         doc = json.loads(stdout)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     if isinstance(doc, list):
         doc = next((e for e in reversed(doc) if isinstance(e, dict) and e.get("type") == "result"), None)
@@ -274,7 +274,7 @@ def _codex_answer(stdout: str) -> str | None:
     for line in stdout.splitlines():
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             continue
         item = event.get("item") if isinstance(event, dict) else None
         if (
@@ -293,7 +293,7 @@ def _opencode_answer(stdout: str) -> str | None:
     for line in stdout.splitlines():
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             continue
         if not isinstance(event, dict):
             continue
@@ -373,7 +373,7 @@ async def _ask_judge(client: aiohttp.ClientSession, judge: Judge, prompt: str) -
             if r.status != 200:
                 raise RunFailed(f"judge {judge.name!r} answered {r.status}: {text[:500]}")
             doc = json.loads(text)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as exc:  # RecursionError: "[[[…"
         raise RunFailed(f"judge {judge.name!r} at {url} failed: {exc!r}") from exc
     reply = dialect.read(doc)[1] if isinstance(doc, dict) else None
     if reply is None:
