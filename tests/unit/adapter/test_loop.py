@@ -168,3 +168,17 @@ async def test_a_caller_cancelled_before_its_work_started_returns_and_the_work_n
     done, _ = await asyncio.wait({caller}, timeout=5.0)  # a hang detector, not a speed limit
     assert done == {caller} and caller.cancelled()
     assert ran == []
+
+
+async def test_a_caller_whose_work_is_stopped_by_shutdown_gets_an_error_saying_so(bg: BackgroundLoop) -> None:
+    started = threading.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    caller = asyncio.ensure_future(bg.run(work(), "stopped"))
+    await asyncio.to_thread(started.wait, 5)
+    bg.stop()  # on the caller's thread: the caller wakes only once the background loop has closed
+    with pytest.raises(RuntimeError, match=r"stopped: the adapter's background loop stopped while this ran"):
+        await caller
