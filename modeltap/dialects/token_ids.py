@@ -197,7 +197,14 @@ def id_list(value: Any) -> list[int] | None:
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A logprob as a float; None for what is not a number, or an integer past a float's range (an
+    upstream's 400-digit logprob: the body it came in keeps it)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
