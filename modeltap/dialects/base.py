@@ -116,7 +116,13 @@ class ChatTranslator(Protocol):
 
     def end(self) -> list[dict[str, Any]]:
         """The closing events, once the chat stream has ended; none when it ended before its finish
-        reason (the client then sees a stream cut short, as it was)."""
+        reason (then `fail` ends it)."""
+        ...
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        """The events that end the stream when the chat stream ended without its finish reason (or
+        was no chat stream): the format's own error, so the client's stream still ends in an event
+        its SDK reads, not in silence."""
         ...
 
 

@@ -29,11 +29,14 @@ from modeltap.dialects.openai_chat import chunks
 from modeltap.dialects.roles import Streams, ThroughChat
 from modeltap.dialects.sse import Assembled, StreamAssembler
 from modeltap.proxy.errors import BadRequest
+from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, text_body
 
 # Translated Responses whose conversation modeltap keeps for a later `previous_response_id`, newest
 # kept, across sessions. Each holds its chat messages (an agent's transcript, up to a few MB); Codex
 # sends `store: false` and is never kept (docs/agents.md §6.4).
 CHAINS_MAX = 1024
+# What the client's stream ends in, and the record says, when the chat answer never finished.
+_CUT_SHORT = "the upstream's chat answer ended before its finish reason"
 
 
 class StreamTap(Protocol):
@@ -101,7 +104,9 @@ class TranslatedStream:
     """A chat upstream stream written to the client in its own format, each chunk's events as soon as
     the chunk arrives. The chat stream is assembled for the record (`received`); what the client got
     is rebuilt from it once, at the end (`result`), through the same translator, rather than assembled
-    event by event."""
+    event by event. A stream that ends without its finish reason (cut short, or no chat stream at all)
+    ends in the client's format's error (`ChatTranslator.fail`); one that held no chat chunk is
+    recorded as the start of its bytes."""
 
     transforms: Literal[True] = True
 
@@ -114,8 +119,11 @@ class TranslatedStream:
         self._events = 0
         self._ended = False
         self._complete = False
+        self._head = bytearray()  # the stream's first bytes, the record of one that held no chunk
 
     def relay(self, chunk: bytes) -> bytes:
+        if len(self._head) < RESPONSE_TEXT_MAX_CHARS:
+            self._head += chunk[: RESPONSE_TEXT_MAX_CHARS - len(self._head)]
         self._upstream.feed(chunk)
         return self._flush()
 
@@ -126,7 +134,7 @@ class TranslatedStream:
 
     def result(self) -> Assembled:
         upstream = self._upstream.result()
-        error = upstream.error if upstream.error is not None or self._complete else _cut_short(self._client)
+        error = upstream.error if upstream.error is not None or self._complete else _CUT_SHORT
         body = answer_from_chat(self._client, self._request, upstream.body) if upstream.body else None
         return Assembled(body, self._events, self._complete, error)
 
@@ -136,8 +144,10 @@ class TranslatedStream:
 
     @property
     def received(self) -> dict[str, Any] | None:
-        """The chat stream as it arrived, assembled (ends the upstream's side: ask once it has ended)."""
-        return self._upstream.result().body
+        """The chat stream as it arrived, assembled (ends the upstream's side: ask once it has ended);
+        the start of its bytes when they held no chat chunk."""
+        body = self._upstream.result().body
+        return body if body is not None or not self._head else text_body(bytes(self._head))
 
     def _take(self, chunk: dict[str, Any] | None) -> None:
         if chunk is None:
@@ -150,7 +160,7 @@ class TranslatedStream:
             self._ended = True
             closing = self._translator.end()
             self._complete = bool(closing)
-            self._write(closing)
+            self._write(closing or self._translator.fail(_CUT_SHORT))
 
     def _write(self, events: list[dict[str, Any]]) -> None:
         self._out.extend(self._client.event_bytes(event) for event in events)
@@ -202,13 +212,27 @@ def answer_from_chat(
 
 
 def _chat_events(client: ThroughChat, request: dict[str, Any], chat: dict[str, Any]) -> list[dict[str, Any]]:
+    """The client's events for a chat completion (or what a cut stream carried of one, which ends in
+    the format's error, as the client's stream did)."""
     translator = client.chat_translator(request)
     events = [event for chunk in chunks(chat, include_usage=True) for event in translator.feed(chunk)]
-    return events + translator.end()
+    return events + (translator.end() or translator.fail(_CUT_SHORT))
 
 
-def _cut_short(client: ThroughChat) -> str:
-    return f"the upstream's chat stream ended before its finish reason: no {client.assembler().END} written"
+def _finished(chat: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion answered whole: it has ended, so a choice naming no finish reason stopped."""
+    choices = chat.get("choices")
+    if not isinstance(choices, list):
+        return chat
+    return {
+        **chat,
+        "choices": [
+            {**choice, "finish_reason": "stop"}
+            if isinstance(choice, dict) and not isinstance(choice.get("finish_reason"), str)
+            else choice
+            for choice in choices
+        ],
+    }
 
 
 class Translation:
@@ -227,7 +251,7 @@ class Translation:
         self.request = request
         try:
             self.chat_body: dict[str, Any] = client.chat_request(request, earlier)
-        except (TypeError, KeyError, ValueError) as exc:
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:  # a part of the wrong shape
             raise BadRequest(f"this {client.name} request cannot be translated to chat: {exc}") from None
 
     @classmethod
@@ -258,14 +282,16 @@ class Translation:
         return answered, json.dumps(self.client.error_body(api)).encode(), info
 
     def reply(self, chat: dict[str, Any]) -> dict[str, Any] | None:
-        """The client's non-streamed answer to a chat completion (`answer_from_chat`)."""
-        return answer_from_chat(self.client, self.request, chat)
+        """The client's non-streamed answer to a chat completion (`answer_from_chat`); `chat` must be
+        one (`openai_chat.is_completion`)."""
+        return answer_from_chat(self.client, self.request, _finished(chat))
 
     def events(self, chat: dict[str, Any]) -> tuple[list[bytes], dict[str, Any] | None]:
-        """The client's stream of a chat completion the upstream answered whole, and its final body."""
+        """The client's stream of a chat completion the upstream answered whole, and its final body;
+        `chat` must be one (`openai_chat.is_completion`)."""
         assembler = self.client.assembler()
         out = []
-        for event in _chat_events(self.client, self.request, chat):
+        for event in _chat_events(self.client, self.request, _finished(chat)):
             assembler.add(event)
             out.append(self.client.event_bytes(event))
         return out, assembler.body()
@@ -319,7 +345,7 @@ def synthesised(
     when the answer is not a JSON object."""
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(body, dict):
         return None

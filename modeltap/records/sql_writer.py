@@ -37,7 +37,7 @@ from typing import Any
 from modeltap import dialects
 from modeltap.dialects.token_ids import without_ids
 from modeltap.records import rollups, token_store
-from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, Exchange, SessionEvent
+from modeltap.records.exchange import Exchange, SessionEvent, text_body
 from modeltap.records.jsontext import count as _count
 from modeltap.records.jsontext import dumps as _dumps
 from modeltap.records.jsontext import safe_text as _safe_text
@@ -421,14 +421,14 @@ def _write_session(tally: rollups.Tally, event: SessionEvent) -> None:
         tally.outcome(session, event.outcome)
 
 
-def _response(ex: Exchange) -> tuple[dict[str, Any] | None, str | None]:
-    """The response for the record: its JSON object, or else the start of its text."""
+def _response(ex: Exchange) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """The response for the record: its JSON object, or else the start of its text (`text_body`)."""
     if ex.response is not None or ex.response_body is None:
         return ex.response, None
     parsed = _loads(ex.response_body)
     if isinstance(parsed, dict):
         return parsed, None
-    return None, ex.response_body[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "surrogateescape")
+    return None, text_body(ex.response_body)
 
 
 def _loads(raw: bytes) -> Any:
@@ -442,5 +442,5 @@ def _compress_json(value: Any) -> bytes:
     return zlib.compress(_dumps(value).encode())
 
 
-def _compress_text(text: str | None) -> bytes | None:
-    return None if text is None else _compress_json({"text": text})
+def _compress_text(text: dict[str, str] | None) -> bytes | None:
+    return None if text is None else _compress_json(text)

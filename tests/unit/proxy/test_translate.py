@@ -169,3 +169,37 @@ def test_the_record_of_a_translated_stream_is_what_the_client_got(endpoint: str)
     assembler = StreamAssembler(client)
     assembler.feed(written)
     assert stream.result().body == assembler.result().body
+
+
+# A degenerate policy at its token limit: tool-call arguments nested past what Python's JSON reads.
+DEEP_ARGUMENTS = "[" * 1200
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_tool_call_arguments_nested_past_the_parser_still_end_the_anthropic_answer(streamed: bool) -> None:
+    deep = {**CALL, "function": {"name": "bash", "arguments": DEEP_ARGUMENTS}}
+    completion = chat_completion(assistant(None, deep), "tool_calls", usage=usage(3, 2))
+    client = dialects.named("messages")
+    if streamed:
+        stream = TranslatedStream(client, {"model": "m"})
+        raw = b"".join(data_event(c) for c in chunks(completion, include_usage=False)) + b"data: [DONE]\n\n"
+        out = stream.relay(raw) + stream.end()
+        body = stream.result().body
+        assert out.rstrip().endswith(b'data: {"type": "message_stop"}')
+    else:
+        body = Translation(client, {"model": "m", "messages": []}, None).reply(completion)
+    assert body is not None and body["stop_reason"] == "tool_use"
+    assert body["content"][0]["input"] == DEEP_ARGUMENTS  # the raw text, kept as the evidence
+
+
+@pytest.mark.parametrize(("endpoint", "last"), [("messages", "error"), ("responses", "response.failed")])
+def test_a_chat_stream_that_never_finishes_ends_in_the_clients_error(endpoint: str, last: str) -> None:
+    client = dialects.named(endpoint)
+    for upstream in (data_event(chunks(COMPLETION, include_usage=False)[1]), b'data: {"detail": "ok"}\n\n'):
+        stream = TranslatedStream(client, {"model": "m"})
+        out = stream.relay(upstream + b"data: [DONE]\n\n") + stream.end()
+        events = [json.loads(line[6:]) for line in out.decode().splitlines() if line.startswith("data: ")]
+        assert events[-1]["type"] == last, events
+        assert "ended before its finish reason" in json.dumps(events[-1])
+        result = stream.result()
+        assert not stream.complete and "ended before" in (result.error or "")
