@@ -32,9 +32,15 @@ from modeltap.proxy.errors import BadRequest
 from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, text_body
 
 # Translated Responses whose conversation modeltap keeps for a later `previous_response_id`, newest
-# kept, across sessions. Each holds its chat messages (an agent's transcript, up to a few MB); Codex
-# sends `store: false` and is never kept (docs/agents.md §6.4).
+# kept, across sessions: at most this many, and at most CHAINS_MAX_BYTES of them. Each holds its chat
+# messages (an agent's transcript, up to the request body limit, 64 MiB by default); Codex sends
+# `store: false` and is never kept (docs/agents.md §6.4). By count alone, 24 requests of 16 MB held
+# about 500 MB; the bytes bound keeps two conversations of the largest body accepted.
 CHAINS_MAX = 1024
+CHAINS_MAX_BYTES = 128 * 1024 * 1024
+# What one JSON value beside its text is counted as (a dict's, a number's overhead), so a conversation
+# of many small parts is not counted as nothing.
+_VALUE_BYTES = 16
 # What the client's stream ends in, and the record says, when the chat answer never finished.
 _CUT_SHORT = "the upstream's chat answer ended before its finish reason"
 
@@ -266,7 +272,7 @@ class Translation:
             raise BadRequest(
                 f"previous_response_id {previous!r} names no response modeltap keeps for this session: the "
                 "upstream serves no Responses API, and modeltap keeps only translated responses stored "
-                f"(`store` not false), the last {chains.limit}",
+                f"(`store` not false), the last {chains.limit} up to {chains.max_bytes} bytes of them",
             )
         return cls(client, request, earlier)
 
@@ -316,25 +322,56 @@ class Translation:
 
 class ResponseChains:
     """The chat conversations of translated replies, by (session, reply id), for the requests that
-    continue them (`previous_response_id`); the newest CHAINS_MAX are kept. Owned by the proxy."""
+    continue them (`previous_response_id`): the newest `limit`, within `max_bytes` as `value_size`
+    counts them, the least recently used going first; a conversation larger than `max_bytes` alone is
+    not kept. `bytes` is what those kept count. Owned by the proxy."""
 
-    def __init__(self, limit: int = CHAINS_MAX) -> None:
+    def __init__(self, limit: int = CHAINS_MAX, max_bytes: int = CHAINS_MAX_BYTES) -> None:
         self.limit = limit
-        self._kept: collections.OrderedDict[tuple[str | None, str], list[dict[str, Any]]] = (
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._kept: collections.OrderedDict[tuple[str | None, str], tuple[list[dict[str, Any]], int]] = (
             collections.OrderedDict()
         )
 
     def get(self, session: str | None, reply_id: str) -> list[dict[str, Any]] | None:
-        messages = self._kept.get((session, reply_id))
-        if messages is not None:
-            self._kept.move_to_end((session, reply_id))
-        return messages
+        kept = self._kept.get((session, reply_id))
+        if kept is None:
+            return None
+        self._kept.move_to_end((session, reply_id))
+        return kept[0]
 
     def keep(self, session: str | None, reply_id: str, messages: Sequence[dict[str, Any]]) -> None:
-        self._kept[(session, reply_id)] = list(messages)
-        self._kept.move_to_end((session, reply_id))
-        while len(self._kept) > self.limit:
-            self._kept.popitem(last=False)
+        key = (session, reply_id)
+        old = self._kept.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        counted = value_size(messages)
+        if counted > self.max_bytes:
+            return
+        self._kept[key] = (list(messages), counted)
+        self.bytes += counted
+        while len(self._kept) > self.limit or self.bytes > self.max_bytes:
+            _, (_, dropped) = self._kept.popitem(last=False)
+            self.bytes -= dropped
+
+
+def value_size(value: Any) -> int:
+    """What a JSON value holds, counted as its text's characters plus _VALUE_BYTES per value: about the
+    memory it takes, never less than its text. Iterative, so a value nested thousands deep costs no
+    stack; a conversation of a few thousand parts takes well under a millisecond."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        total += _VALUE_BYTES
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(key) for key in item if isinstance(key, str))
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return total
 
 
 def synthesised(

@@ -13,7 +13,7 @@ from modeltap import dialects
 from modeltap.dialects.openai_chat import chunks
 from modeltap.dialects.sse import StreamAssembler, data_event
 from modeltap.proxy.errors import BadRequest
-from modeltap.proxy.translate import ResponseChains, TranslatedStream, Translation, synthesised
+from modeltap.proxy.translate import ResponseChains, TranslatedStream, Translation, synthesised, value_size
 from tests.factories import (
     assistant,
     chat_completion,
@@ -203,3 +203,34 @@ def test_a_chat_stream_that_never_finishes_ends_in_the_clients_error(endpoint: s
         assert "ended before its finish reason" in json.dumps(events[-1])
         result = stream.result()
         assert not stream.complete and "ended before" in (result.error or "")
+
+
+def test_kept_conversations_are_bounded_by_their_bytes_not_only_their_count() -> None:
+    # 24 conversations of a (scaled-down) 16 MB transcript each: only what fits the bound is kept,
+    # the newest first.
+    chains = ResponseChains(max_bytes=100_000)
+    transcript = [{"role": "user", "content": "x" * 16_000}]
+    for n in range(24):
+        chains.keep("s", f"r{n}", transcript)
+        assert chains.bytes <= chains.max_bytes
+    kept = [n for n in range(24) if chains.get("s", f"r{n}") is not None]
+    assert kept == list(range(24 - len(kept), 24)) and len(kept) == 100_000 // value_size(transcript)
+    assert chains.bytes == len(kept) * value_size(transcript)
+
+
+def test_a_conversation_over_the_bound_alone_is_not_kept_and_a_kept_one_is_counted_once() -> None:
+    chains = ResponseChains(max_bytes=1000)
+    chains.keep("s", "small", [{"role": "user", "content": "hi"}])
+    chains.keep("s", "small", [{"role": "user", "content": "hi again"}])
+    chains.keep("s", "huge", [{"role": "user", "content": "x" * 1000}])
+    assert chains.get("s", "huge") is None and chains.get("s", "small") is not None
+    assert chains.bytes == value_size([{"role": "user", "content": "hi again"}])
+
+
+def test_the_size_of_a_conversation_is_never_less_than_its_text_and_takes_any_depth() -> None:
+    messages = [{"role": "user", "content": "héllo"}, {"role": "assistant", "content": None, "n": 3}]
+    assert value_size(messages) >= len(json.dumps(messages, ensure_ascii=False, separators=(",", ":")))
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert value_size(deep) > 100_000
