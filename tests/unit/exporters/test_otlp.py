@@ -4,10 +4,13 @@ tests/integration/test_otlp_export.py."""
 
 from __future__ import annotations
 
+import http.server
 import logging
+import threading
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from modeltap.exporters import otlp
@@ -130,3 +133,47 @@ def test_the_exporters_own_warnings_pass_once_per_interval(monkeypatch: pytest.M
     now[0] += 1
     passed.append(quieter.filter(record))
     assert passed == [True, False, True]
+
+
+class _Flood(http.server.BaseHTTPRequestHandler):
+    """A wrong --otlp-endpoint (a file server, a collector gone wrong): every POST answered 200 with a
+    body of FLOOD_BYTES, written until the client hangs up; `sent` counts what went out."""
+
+    sent = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(FLOOD_BYTES))
+        self.end_headers()
+        piece = b"\0" * (1024 * 1024)
+        try:
+            for _ in range(FLOOD_BYTES // len(piece)):
+                self.wfile.write(piece)
+                type(self).sent += len(piece)
+        except OSError:
+            pass  # the client hung up: what it left unread is never sent
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+FLOOD_BYTES = 128 * 1024 * 1024
+
+
+def test_a_backend_answering_a_huge_body_costs_at_most_a_small_bounded_read() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flood)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    try:
+        answer = otlp.BoundedSession().post(url, data=b"spans", timeout=10)
+        assert answer.status_code == 200 and 0 < len(answer.content) <= otlp.ANSWER_MAX_BYTES
+        assert otlp.exporter_for(url).export([span()]) is SpanExportResult.SUCCESS
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    # What was left unread stayed unsent, but for what the sockets' buffers took.
+    assert _Flood.sent < FLOOD_BYTES // 4
