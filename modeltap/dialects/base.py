@@ -172,6 +172,17 @@ def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def as_float(value: Any) -> float | None:
+    """A number as a float; None for what is not one, or an integer past a float's range (a JSON
+    number of 400 digits)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, str | None]:
     """One tool call as a Summary holds it; arguments that arrived as an object (Anthropic `input`)
     become JSON text."""

@@ -10,6 +10,10 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -177,3 +181,55 @@ def test_a_backend_answering_a_huge_body_costs_at_most_a_small_bounded_read() ->
         thread.join(10)
     # What was left unread stayed unsent, but for what the sockets' buffers took.
     assert _Flood.sent < FLOOD_BYTES // 4
+
+
+# Values as JSON and headers carry them: any integer (2**64 and past), 400-digit numbers, text with
+# lone surrogates (a JavaScript agent cutting an emoji in half, a header byte that is not UTF-8).
+_any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=6)
+_numbers = st.integers() | st.floats(allow_nan=False) | st.integers(300, 400).map(lambda n: int("9" * n))
+_values = st.none() | _numbers | _any_text
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=_values,
+    max_tokens=_values,
+    temperature=_values,
+    usage=st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens"]), _values),
+    arguments=_any_text | st.just("[" * 1200),
+    text=_any_text,
+    label=_any_text,
+    content=st.booleans(),
+)
+def test_no_value_of_an_exchange_costs_its_span(
+    model: Any,
+    max_tokens: Any,
+    temperature: Any,
+    usage: dict[str, Any],
+    arguments: str,
+    text: str,
+    label: str,
+    content: bool,
+) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+    reply = {
+        "model": model,
+        "choices": [{"message": {"content": text, "tool_calls": [call]}, "finish_reason": text}],
+        "usage": usage,
+    }
+    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "messages": [ASK]}
+    fields = {
+        "user_agent": text,
+        "labels": {"task": label},
+        "error_class": "upstream_error",
+        "error_message": text,
+    }
+    ex = exchange(body, reply, session_id=label or None, **fields)
+    made = otlp.span_of(Call.of_exchange(ex, content=content), otlp._resource(), content=content)
+    sent = ExportTraceServiceRequest.FromString(encode_spans([made]).SerializePartialToString())
+    [received] = sent.resource_spans[0].scope_spans[0].spans
+    keys = {kv.key for kv in received.attributes}
+    assert "modeltap.exchange.id" in keys and "modeltap.label.task" in keys
+    assert ("gen_ai.usage.input_tokens" in keys) == (
+        isinstance(usage.get("prompt_tokens"), int) and -(2**63) <= usage["prompt_tokens"] < 2**63
+    )
