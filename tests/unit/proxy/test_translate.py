@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from modeltap import dialects
 from modeltap.dialects.openai_chat import chunks
@@ -234,3 +236,31 @@ def test_the_size_of_a_conversation_is_never_less_than_its_text_and_takes_any_de
     for _ in range(100_000):
         deep = [deep]
     assert value_size(deep) > 100_000
+
+
+_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=5)
+_fields = st.sampled_from(
+    ["content", "output", "usage", "choices", "message", "status", "type", "text", "input", "stop_reason"]
+)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_fields | _text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    endpoint=st.sampled_from(["chat", "messages", "responses", "completions", "generate"]),
+    body=st.dictionaries(_fields, _json_values, max_size=5),
+    options=_json_values,
+)
+def test_a_stream_made_from_any_json_answer_ends_in_its_terminal_event(
+    endpoint: str, body: dict[str, Any], options: Any
+) -> None:
+    dialect = dialects.named(endpoint)
+    made = synthesised(dialect, {"stream": True, "stream_options": options}, json.dumps(body).encode())
+    assert made is not None
+    assembler = StreamAssembler(dialect)
+    assembler.feed(b"".join(made[0]))
+    assert assembler.result().complete
