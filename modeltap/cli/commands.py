@@ -31,9 +31,10 @@ from aiohttp import web
 from modeltap import __version__
 from modeltap.cli.completion import SESSION_METAVAR, SHELLS, script
 from modeltap.compat import doctor
+from modeltap.compat.hosts import is_loopback
 from modeltap.exporters.export import FORMATS, send_otlp, write_export
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
-from modeltap.proxy.network import host_address, is_loopback, url
+from modeltap.proxy.network import host_address, url
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.proxy.workers import start_workers
 from modeltap.readers import console as console_module

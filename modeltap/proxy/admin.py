@@ -21,9 +21,9 @@ from yarl import URL
 
 from modeltap import dialects
 from modeltap.compat.clients import presented_key
+from modeltap.compat.hosts import is_loopback
 from modeltap.proxy.context import CONTEXT
 from modeltap.proxy.errors import BadRequest, Forbidden, NotFound, ProxyError, Unauthorized, error_bytes
-from modeltap.proxy.network import is_loopback
 from modeltap.proxy.routes import names_a_control_route
 from modeltap.proxy.sessions import Session
 

@@ -84,6 +84,18 @@ class ProxyConfig:
     lend_key_to_anonymous: bool = option(
         False, "on a non-loopback listener, send --upstream-key for requests without a session token too"
     )
+    allow_origins: list[str] = option(
+        [],
+        "let web pages of this origin (e.g. http://localhost:3000) use the proxy from a browser; "
+        "repeatable, * for any (default: none)",
+        flag="--allow-origin",
+    )
+    allow_hosts: list[str] = option(
+        [],
+        "answer requests addressed by this Host name too (a reverse proxy's), besides the listener's own "
+        "names and addresses; repeatable, * for any",
+        flag="--allow-host",
+    )
     sync: bool = option(False, "commit each record before its response ends")
     workers: int = option(
         1, "serving processes on the port, sharing sessions and one record writer (default 1; see docs)"
@@ -196,6 +208,7 @@ class ProxyConfig:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"otlp_endpoint must be an http(s) URL, not {self.otlp_endpoint!r}")
+        self.allow_origins = [origin.rstrip("/") for origin in self.allow_origins]
         if os.pathsep in self.store:
             raise ValueError(
                 f"store must be one database path, not the list {self.store!r}: a proxy writes one store "

@@ -26,6 +26,7 @@ from aiohttp import web
 from modeltap import dialects
 from modeltap.compat.engines import ID_ENGINES, EngineInfo, chosen
 from modeltap.compat.engines import UNKNOWN as UNKNOWN_ENGINE
+from modeltap.compat.hosts import is_loopback
 from modeltap.compat.layouts import LAYOUT_HELP, serves
 from modeltap.dialects.roles import ThroughChat
 from modeltap.proxy import admin, listener, network, observers, relay
@@ -102,7 +103,7 @@ def build_app(
         sessions,
         store,
         seam,
-        loopback_only=network.is_loopback(config.host),
+        loopback_only=is_loopback(config.host),
         writer=writer,
         sharing=sharing,
         setup=setup,
