@@ -258,7 +258,7 @@ def _response_headers(flow: Flow, reply: Reply) -> CIMultiDict[str]:
     request carries (`Flow.answer_headers`)."""
     kept = (
         (k, v)
-        for k, v in reply.response.headers.items()
+        for k, v in reply.headers.items()
         # The upstream's CORS answer is not ours: which pages may read modeltap is --allow-origin's.
         if k.lower() not in _RESPONSE_DROP and not k.lower().startswith("access-control-")
     )

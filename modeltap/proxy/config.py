@@ -200,6 +200,7 @@ class ProxyConfig:
             raise ValueError(f"budget must be one of {', '.join(BUDGET_POLICIES)}, not {self.budget!r}")
         if self.upstream is not None:
             self.upstream = self.upstream.rstrip("/")
+            refuse_userinfo(self.upstream, "--upstream")
             if not self.upstream.startswith(("http://", "https://")):
                 raise ValueError(f"upstream must be an http(s) URL, not {self.upstream!r}")
         if not 0 <= self.port <= 65535:
@@ -232,6 +233,24 @@ class ProxyConfig:
             elif (raw := env.get("MODELTAP_" + f.name.upper())) is not None:
                 values[f.name] = parse_env(f, raw)
         return cls(**values)
+
+
+def refuse_userinfo(url: str, what: str) -> None:
+    """Raise ValueError when `url` carries `user:password@` before its host: modeltap would print it
+    at start, keep it in every record of the session and send it beside the upstream key (aiohttp
+    refuses a request with both). The message does not repeat the URL.
+
+    >>> refuse_userinfo("http://me:hunter2@gpu:8000/v1", "--upstream")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --upstream must not hold a user or password (user:password@host): modeltap would ...
+    """
+    authority = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if "@" in authority:
+        raise ValueError(
+            f"{what} must not hold a user or password (user:password@host): modeltap would print and "
+            "store it; give the key with --upstream-key (or a session's upstream_key)"
+        )
 
 
 def otlp_traces_endpoint(config: ProxyConfig, env: Mapping[str, str] = os.environ) -> str | None:

@@ -29,7 +29,7 @@ from urllib.parse import quote
 from aiohttp import HttpVersion10, hdrs, web
 
 from modeltap import dialects
-from modeltap.compat.clients import credential_values, presented_key, retry_count
+from modeltap.compat.clients import credential_values, presented_key, redacted_path, retry_count
 from modeltap.dialects.openai_chat import DIALECT as CHAT
 from modeltap.dialects.roles import CountsPrompt, Dialect, Streams, ThroughChat
 from modeltap.proxy import browsers
@@ -79,8 +79,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     query = request.rel_url.raw_query_string
     # The path as recorded: decoded, so that a token sent percent-encoded is masked too, with the query
-    # as sent.
-    path = ctx.sessions.masked_path(f"{request.path}?{query}" if query else request.path)
+    # as sent, less the value of any key in it (`?key=`).
+    path = redacted_path(ctx.sessions.masked_path(f"{request.path}?{query}" if query else request.path))
     draft = ExchangeDraft(
         method=request.method,
         path=path,

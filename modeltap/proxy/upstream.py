@@ -17,13 +17,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
+from multidict import CIMultiDict
 
+from modeltap.compat.clients import redacted_path
 from modeltap.compat.layouts import Layout, is_route_level_404, serves, upstream_paths
 from modeltap.dialects.roles import Dialect, Streams, ThroughChat
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from modeltap.proxy.keys import KeyMask
 
 log = logging.getLogger(__name__)
 
+NO_KEYS = KeyMask()
 # A route-level 404 body is a short FastAPI/aiohttp page; anything longer is not one worth parsing.
 ROUTE_404_MAX_BYTES = 64 * 1024
 
@@ -43,11 +47,14 @@ def map_client_error(exc: BaseException, url: str) -> ProxyError:
 
 @dataclass(slots=True)
 class Reply:
-    """An upstream response whose headers are read."""
+    """An upstream response whose headers are read: `url` and `headers` with the keys the request
+    was sent with masked (keys.py), as everything read from it is."""
 
     response: aiohttp.ClientResponse
     url: str
     path: str
+    headers: CIMultiDict[str]
+    mask: KeyMask
 
 
 @dataclass(slots=True)
@@ -68,12 +75,17 @@ class StreamedReply(Reply):
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body chunk by chunk as it arrives (decoded), with errors mapped. Closes the response
         when the caller stops early, which ends the upstream request."""
-        response = self.response
+        response, stream = self.response, self.mask.stream()
         try:
             async for chunk in response.content.iter_any():
-                yield chunk
+                masked = stream.feed(chunk)
+                if masked:
+                    yield masked
+            rest = stream.flush()
+            if rest:
+                yield rest
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise map_client_error(exc, str(response.url)) from exc
+            raise map_client_error(exc, self.url) from exc
         finally:
             if response.content.at_eof():
                 response.release()
@@ -81,12 +93,13 @@ class StreamedReply(Reply):
                 response.close()
 
 
-async def read(response: aiohttp.ClientResponse, limit: int = -1) -> bytes:
-    """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped."""
+async def read(response: aiohttp.ClientResponse, limit: int = -1, mask: KeyMask = NO_KEYS) -> bytes:
+    """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped and the
+    keys of `mask` masked."""
     try:
-        return await response.content.read(limit)
+        return mask.bytes(await response.content.read(limit))
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise map_client_error(exc, str(response.url)) from exc
+        raise map_client_error(exc, mask.text(str(response.url))) from exc
     finally:
         response.release()
 
@@ -166,12 +179,16 @@ class Upstream:
         """
         base = self.root if paths is not None else self.base_url
         paths = list(paths) if paths is not None else self.candidates(dialect)
+        mask = KeyMask.sent(headers, query)
         for path in paths:
             url = base + path + suffix + (f"?{query}" if query else "")
+            # The URL as errors and records show it: no key in it, wherever the client put one.
+            shown = redacted_path(mask.text(url))
             try:
                 response = await self._client.request(method, url, headers=headers, data=body)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise map_client_error(exc, url) from exc
+                raise map_client_error(exc, shown) from exc
+            answered = mask.headers(response.headers.items())
             if response.status != 404:
                 self._chosen.setdefault(dialect.name, path)
                 # An error answered as a stream is read whole: its client is told of it in one piece.
@@ -180,11 +197,12 @@ class Upstream:
                     and isinstance(dialect, Streams)
                     and response.content_type == "text/event-stream"
                 ):
-                    return StreamedReply(response, url, path, dialect)
-                return WholeReply(response, url, path, await read(response))
-            head = await read(response, limit=ROUTE_404_MAX_BYTES)
+                    return StreamedReply(response, shown, path, answered, mask, dialect)
+                return WholeReply(response, shown, path, answered, mask, await read(response, mask=mask))
+            head = await read(response, limit=ROUTE_404_MAX_BYTES, mask=mask)
             if not is_route_level_404(404, head):
-                return WholeReply(response, url, path, head)  # the API's own 404, e.g. model_not_found
+                # The API's own 404, e.g. model_not_found.
+                return WholeReply(response, shown, path, answered, mask, head)
             log.debug("upstream %s has no route %s", self.base_url, path)
         tried = ", ".join(paths)
         raise NotFound(f"the upstream {self.base_url} does not serve {dialect.name} (tried {tried})")

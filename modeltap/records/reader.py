@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from modeltap import __version__
+from modeltap.compat.clients import redacted_path
 from modeltap.records import query, rollups, token_store
 from modeltap.records.query import SESSION_COLUMNS, SessionQuery
 from modeltap.records.schema import SCHEMA_VERSION, connect, made_objects, objects
@@ -363,6 +364,11 @@ class StoreReader:
 
     def _row(self, row: sqlite3.Row, bodies: bool) -> dict[str, Any]:
         out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response", "received")}
+        # A key in a query (`?key=`) that a record from before modeltap redacted them still holds is
+        # redacted as it is read, so that no reader shows it and no replay sends it on.
+        for name in ("path", "upstream_url"):
+            if out.get(name):
+                out[name] = redacted_path(out[name])
         out["labels"] = json.loads(out["labels"])
         out["budget"] = json.loads(out["budget"]) if out["budget"] else None
         out["streamed"] = bool(out["streamed"])
