@@ -36,6 +36,7 @@ from modeltap.exporters.export import FORMATS, send_otlp, write_export
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.network import host_address, url
 from modeltap.proxy.server import Proxy, startup_report
+from modeltap.proxy.upstream_check import upstream_found
 from modeltap.proxy.workers import start_workers
 from modeltap.readers import console as console_module
 from modeltap.readers.console import ConsoleLog
@@ -510,7 +511,9 @@ async def _serve_until_signalled(
         async with contextlib.AsyncExitStack() as workers:
             if config.workers > 1:
                 await workers.enter_async_context(start_workers(proxy))
-            print(startup_report(proxy, default), flush=True)
+            # Asked once, briefly: a mistake shows now, and an upstream that is not up yet fails nothing.
+            found = await upstream_found(proxy.context)
+            print(startup_report(proxy, default, found), flush=True)
             await stop.wait()
             print("modeltap: stopping; flushing records", flush=True)
 

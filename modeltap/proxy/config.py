@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from modeltap.compat.engines import ENGINE_CHOICES, EngineChoice
 from modeltap.compat.layouts import LAYOUTS, Layout
+from modeltap.dialects import routes
 
 DEFAULT_STORE = ".modeltap/records.db"
 # `modeltap serve`'s port unless told otherwise: one to remember and put in an agent's config once.
@@ -200,7 +201,7 @@ class ProxyConfig:
             raise ValueError(f"budget must be one of {', '.join(BUDGET_POLICIES)}, not {self.budget!r}")
         if self.upstream is not None:
             self.upstream = self.upstream.rstrip("/")
-            refuse_userinfo(self.upstream, "--upstream")
+            check_upstream_url(self.upstream, "--upstream")
             if not self.upstream.startswith(("http://", "https://")):
                 raise ValueError(f"upstream must be an http(s) URL, not {self.upstream!r}")
         if not 0 <= self.port <= 65535:
@@ -235,22 +236,36 @@ class ProxyConfig:
         return cls(**values)
 
 
-def refuse_userinfo(url: str, what: str) -> None:
-    """Raise ValueError when `url` carries `user:password@` before its host: modeltap would print it
-    at start, keep it in every record of the session and send it beside the upstream key (aiohttp
-    refuses a request with both). The message does not repeat the URL.
+def check_upstream_url(url: str, what: str) -> None:
+    """Raise ValueError, in one line that does not repeat a password, when `url` cannot be an
+    upstream's base URL: it holds `user:password@` (modeltap would print it at start, keep it in
+    every record of the session and send it beside the upstream key, which aiohttp refuses), or it
+    names an endpoint (`…/v1/chat/completions`), which would fail at the first request with a 404.
 
-    >>> refuse_userinfo("http://me:hunter2@gpu:8000/v1", "--upstream")  # doctest: +ELLIPSIS
+    >>> check_upstream_url("http://me:hunter2@gpu:8000/v1", "--upstream")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ValueError: --upstream must not hold a user or password (user:password@host): modeltap would ...
+    >>> check_upstream_url("http://gpu:8000/v1/chat/completions", "--upstream")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --upstream is the server's base URL, not an endpoint: give http://gpu:8000/v1 ...
     """
-    authority = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
-    if "@" in authority:
+    scheme, _, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority.split("?", 1)[0].split("#", 1)[0]:
         raise ValueError(
             f"{what} must not hold a user or password (user:password@host): modeltap would print and "
             "store it; give the key with --upstream-key (or a session's upstream_key)"
         )
+    path = "/" + path.split("?", 1)[0].rstrip("/") if slash else ""
+    for route in sorted(routes(), key=len, reverse=True):
+        if path.endswith("/" + route):
+            base = f"{scheme}://{authority}{path.removesuffix('/' + route)}"
+            raise ValueError(
+                f"{what} is the server's base URL, not an endpoint: give {base} (modeltap adds /{route} "
+                "and every other endpoint's path itself)"
+            )
 
 
 def otlp_traces_endpoint(config: ProxyConfig, env: Mapping[str, str] = os.environ) -> str | None:
