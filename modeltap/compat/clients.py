@@ -13,7 +13,7 @@ the relay relies on (docs/agents.md §9 has each client's measured habits). Does
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import parse_qsl, unquote_plus
 
 # The Stainless-generated SDKs (openai-python, anthropic-python, and the TS SDK inside Claude Code)
@@ -115,6 +115,33 @@ def redacted_path(path: str) -> str:
     """A path with its query, for a record or a log: each credential parameter's value REDACTED."""
     base, mark, query = path.partition("?")
     return base + mark + without_query_credentials(query, REDACTED) if mark else path
+
+
+# Headers whose values are secrets in either direction: the credential headers, cookies, and a proxy's
+# credentials. A record keeps their names, never their values.
+SECRET_HEADERS = frozenset((*CREDENTIAL_HEADERS, "cookie", "set-cookie", "proxy-authorization"))
+
+
+def redacted_headers(
+    headers: Iterable[tuple[str, str]], mask: Callable[[str], str] = str
+) -> tuple[tuple[str, str], ...]:
+    """Headers for a record: every SECRET_HEADERS value REDACTED (an Authorization keeps its scheme,
+    so `Bearer` and `Basic` can be told apart), and `mask` applied to the others (the session tokens
+    a caller knows).
+
+    >>> redacted_headers([("Authorization", "Bearer sk-1"), ("User-Agent", "opencode/1")])
+    (('Authorization', 'Bearer [redacted]'), ('User-Agent', 'opencode/1'))
+    """
+    out = []
+    for name, value in headers:
+        if name.lower() in SECRET_HEADERS:
+            scheme, space, _ = value.strip().partition(" ")
+            keep = name.lower() == "authorization" and space and scheme.isalpha()
+            value = f"{scheme} {REDACTED}" if keep else REDACTED
+        else:
+            value = mask(value)
+        out.append((name, value))
+    return tuple(out)
 
 
 def credential_values(headers: Mapping[str, str]) -> list[str]:

@@ -29,7 +29,13 @@ from urllib.parse import quote
 from aiohttp import HttpVersion10, hdrs, web
 
 from modeltap import dialects
-from modeltap.compat.clients import credential_values, presented_key, redacted_path, retry_count
+from modeltap.compat.clients import (
+    credential_values,
+    presented_key,
+    redacted_headers,
+    redacted_path,
+    retry_count,
+)
 from modeltap.dialects.openai_chat import DIALECT as CHAT
 from modeltap.dialects.roles import CountsPrompt, Dialect, Streams, ThroughChat
 from modeltap.proxy import browsers
@@ -86,10 +92,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
         path=path,
         user_agent=request.headers.get(hdrs.USER_AGENT),
         retry_count=retry_count(request.headers),
+        request_headers=redacted_headers(request.headers.items(), ctx.sessions.mask),
     )
     flow = Flow(ctx, request, draft, dialects.for_error(request.path))
     try:
         response = await _answer(flow)
+        draft.response_headers = redacted_headers(response.headers.items(), ctx.sessions.mask)
         await _deliver(flow)
     except asyncio.CancelledError:
         # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
