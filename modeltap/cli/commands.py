@@ -807,7 +807,7 @@ def _mock(args: argparse.Namespace) -> int:
     banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}{strict}"
     max_body_bytes = ProxyConfig.from_sources({"max_body_bytes": args.max_body_bytes}).max_body_bytes
     log = None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True)
-    app = mock_app(mock, max_body_bytes, log)
+    app = mock_app(mock, max_body_bytes, log, bind_host=args.host)
     asyncio.run(_serve_app_until_signalled(app, args.host, args.port, banner))
     return 0
 
