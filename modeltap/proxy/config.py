@@ -239,8 +239,9 @@ class ProxyConfig:
 def check_upstream_url(url: str, what: str) -> None:
     """Raise ValueError, in one line that does not repeat a password, when `url` cannot be an
     upstream's base URL: it holds `user:password@` (modeltap would print it at start, keep it in
-    every record of the session and send it beside the upstream key, which aiohttp refuses), or it
-    names an endpoint (`…/v1/chat/completions`), which would fail at the first request with a 404.
+    every record of the session and send it beside the upstream key, which aiohttp refuses) or a
+    query (`?key=`), or it names an endpoint (`…/v1/chat/completions`), which would fail at the first
+    request with a 404.
 
     >>> check_upstream_url("http://me:hunter2@gpu:8000/v1", "--upstream")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -253,12 +254,18 @@ def check_upstream_url(url: str, what: str) -> None:
     """
     scheme, _, rest = url.partition("://")
     authority, slash, path = rest.partition("/")
-    if "@" in authority.split("?", 1)[0].split("#", 1)[0]:
+    if "@" in authority.split("?", 1)[0].split("#", 1)[0]:  # the userinfo, not an `@` in a query
         raise ValueError(
             f"{what} must not hold a user or password (user:password@host): modeltap would print and "
             "store it; give the key with --upstream-key (or a session's upstream_key)"
         )
-    path = "/" + path.split("?", 1)[0].rstrip("/") if slash else ""
+    if "?" in rest or "#" in rest:
+        # modeltap appends each endpoint's path to the base, which a query would end up inside; and a
+        # key in it (`?key=`) would be printed at start and kept with every session.
+        raise ValueError(
+            f"{what} is a base URL and takes no query string or fragment: give a key with --upstream-key"
+        )
+    path = "/" + path.rstrip("/") if slash else ""
     for route in sorted(routes(), key=len, reverse=True):
         if path.endswith("/" + route):
             base = f"{scheme}://{authority}{path.removesuffix('/' + route)}"

@@ -205,6 +205,15 @@ def test_an_upstream_with_a_password_is_refused_without_printing_it(url: str) ->
     assert "hunter2" not in str(refused.value)
 
 
+@pytest.mark.parametrize("url", ["http://gpu:8000/v1?key=AIza-hunter2", "http://gpu:8000/v1#hunter2"])
+def test_an_upstream_with_a_query_is_refused_without_printing_it(url: str) -> None:
+    with pytest.raises(ValueError, match="takes no query string") as refused:
+        ProxyConfig(upstream=url)
+    assert "hunter2" not in str(refused.value)
+    with pytest.raises(ValueError, match="takes no query string"):
+        session_request({"upstream": url})
+
+
 async def test_a_key_in_a_record_from_before_is_redacted_when_read(tmp_path: Path) -> None:
     store = await recorded(
         tmp_path / "records.db",
