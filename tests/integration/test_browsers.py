@@ -196,3 +196,18 @@ async def test_beyond_loopback_a_session_token_needs_no_particular_host(
         url = f"{session.host_base_url}/v1/chat/completions"
         async with http.post(url, data=CHAT, headers=headers) as reply:
             assert reply.status == 200, await reply.text()
+
+
+async def test_beyond_loopback_a_key_lent_to_anyone_is_guarded_by_the_host_too(
+    upstream: OpenAILikeStandIn, store_path: Path
+) -> None:
+    """--lend-key-to-anonymous lends the key as a loopback listener does: the same check applies."""
+    config = _config(upstream, store_path, host="0.0.0.0", lend_key_to_anonymous=True)
+    async with Proxy(config) as proxy, aiohttp.ClientSession() as http:
+        url = proxy.host_base_url + "/v1/chat/completions"
+        headers = {"Host": "evil.example:8840", "Content-Type": "application/json"}
+        async with http.post(url, data=CHAT, headers=headers) as reply:
+            assert reply.status == 421
+        async with http.post(url, data=CHAT, headers={"Content-Type": "application/json"}) as reply:
+            assert reply.status == 200
+    assert len(upstream.model_requests) == 1
