@@ -144,6 +144,23 @@ def redacted_headers(
     return tuple(out)
 
 
+def recorded_request(
+    path: str,
+    headers: Iterable[tuple[str, str]],
+    *,
+    masked_path: Callable[[str], str] = str,
+    mask: Callable[[str], str] = str,
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What a record keeps of a request's path (with its query) and headers: the path through
+    `masked_path` with its query's credentials redacted (`redacted_path`), the headers through
+    `redacted_headers` with `mask`.
+
+    >>> recorded_request("/v1/models?key=AIza0123", [("x-api-key", "sk-1")])
+    ('/v1/models?key=[redacted]', (('x-api-key', '[redacted]'),))
+    """
+    return redacted_path(masked_path(path)), redacted_headers(headers, mask)
+
+
 def credential_values(headers: Mapping[str, str]) -> list[str]:
     """Every credential a request carries, in the order `presented_key` prefers them: an
     Authorization value after its scheme (any scheme: `Bearer`, `Token`, …) and as a whole, then the

@@ -20,10 +20,11 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from multidict import CIMultiDict
 
-from modeltap.compat.clients import credential_values, query_credentials
+from modeltap.compat.clients import credential_values, query_credentials, redacted_path
 
 # What a key is replaced with: ASCII (it may land in a header) and JSON-safe (it lands in bodies).
 MASK = "[masked key]"
@@ -106,3 +107,28 @@ class StreamMask:
 
 # One mask per set of keys, not per request: a session sends the same key on every turn.
 _cached = functools.lru_cache(maxsize=1024)(KeyMask)
+
+
+@dataclass(frozen=True, slots=True)
+class MaskedReply:
+    """What of an upstream's reply goes on: its URL as records show it, its headers and (read whole)
+    its body, each without the keys the request was sent with; `mask` for the rest of a stream."""
+
+    mask: KeyMask
+    url: str
+    headers: CIMultiDict[str]
+    body: bytes
+
+
+def masked_reply(
+    sent: Mapping[str, str],
+    query: str,
+    url: str,
+    headers: Iterable[tuple[str, str]],
+    body: bytes = b"",
+) -> MaskedReply:
+    """A reply to a request sent with the credential headers `sent` and the query `query`, masked
+    in one pass: every key masked in the URL (whose credential parameters are redacted too), the
+    headers and the body."""
+    mask = KeyMask.sent(sent, query)
+    return MaskedReply(mask, redacted_path(mask.text(url)), mask.headers(headers), mask.bytes(body))

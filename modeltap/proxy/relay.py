@@ -32,8 +32,8 @@ from modeltap import dialects
 from modeltap.compat.clients import (
     credential_values,
     presented_key,
+    recorded_request,
     redacted_headers,
-    redacted_path,
     retry_count,
 )
 from modeltap.dialects.openai_chat import DIALECT as CHAT
@@ -85,19 +85,25 @@ async def handle(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     query = request.rel_url.raw_query_string
     # The path as recorded: decoded, so that a token sent percent-encoded is masked too, with the query
-    # as sent, less the value of any key in it (`?key=`).
-    path = redacted_path(ctx.sessions.masked_path(f"{request.path}?{query}" if query else request.path))
+    # as sent, less the value of any key in it (`?key=`); the headers with no credential or token.
+    path, headers = recorded_request(
+        f"{request.path}?{query}" if query else request.path,
+        request.headers.items(),
+        masked_path=ctx.sessions.masked_path,
+        mask=ctx.sessions.mask,
+    )
     draft = ExchangeDraft(
         method=request.method,
         path=path,
         user_agent=request.headers.get(hdrs.USER_AGENT),
         retry_count=retry_count(request.headers),
-        request_headers=redacted_headers(request.headers.items(), ctx.sessions.mask),
+        request_headers=headers,
     )
     flow = Flow(ctx, request, draft, dialects.for_error(request.path))
     try:
         response = await _answer(flow)
-        draft.response_headers = redacted_headers(response.headers.items(), ctx.sessions.mask)
+        # No session token to mask: none ever goes upstream, and modeltap's own messages are masked.
+        draft.response_headers = redacted_headers(response.headers.items())
         await _deliver(flow)
     except asyncio.CancelledError:
         # The client went away (aiohttp cancels the handler): the upstream request was cancelled with

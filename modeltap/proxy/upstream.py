@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 from multidict import CIMultiDict
 
-from modeltap.compat.clients import redacted_path
 from modeltap.compat.layouts import Layout, is_route_level_404, serves, upstream_paths
 from modeltap.dialects.roles import Dialect, Streams, ThroughChat
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
-from modeltap.proxy.keys import KeyMask
+from modeltap.proxy.keys import KeyMask, masked_reply
 
 log = logging.getLogger(__name__)
 
-NO_KEYS = KeyMask()
 # A route-level 404 body is a short FastAPI/aiohttp page; anything longer is not one worth parsing.
 ROUTE_404_MAX_BYTES = 64 * 1024
 
@@ -93,13 +91,15 @@ class StreamedReply(Reply):
                 response.close()
 
 
-async def read(response: aiohttp.ClientResponse, limit: int = -1, mask: KeyMask = NO_KEYS) -> bytes:
-    """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped and the
-    keys of `mask` masked."""
+async def read(
+    response: aiohttp.ClientResponse, limit: int = -1, shown: Callable[[], str] | None = None
+) -> bytes:
+    """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped (naming
+    the URL as `shown` says: with no key in it)."""
     try:
-        return mask.bytes(await response.content.read(limit))
+        return await response.content.read(limit)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise map_client_error(exc, mask.text(str(response.url))) from exc
+        raise map_client_error(exc, shown() if shown is not None else str(response.url)) from exc
     finally:
         response.release()
 
@@ -179,16 +179,17 @@ class Upstream:
         """
         base = self.root if paths is not None else self.base_url
         paths = list(paths) if paths is not None else self.candidates(dialect)
-        mask = KeyMask.sent(headers, query)
         for path in paths:
             url = base + path + suffix + (f"?{query}" if query else "")
-            # The URL as errors and records show it: no key in it, wherever the client put one.
-            shown = redacted_path(mask.text(url))
+
+            # The URL as an error shows it: no key in it, wherever the client put one.
+            def shown(url: str = url) -> str:
+                return masked_reply(headers, query, url, ()).url
+
             try:
                 response = await self._client.request(method, url, headers=headers, data=body)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise map_client_error(exc, shown) from exc
-            answered = mask.headers(response.headers.items())
+                raise map_client_error(exc, shown()) from exc
             if response.status != 404:
                 self._chosen.setdefault(dialect.name, path)
                 # An error answered as a stream is read whole: its client is told of it in one piece.
@@ -197,12 +198,16 @@ class Upstream:
                     and isinstance(dialect, Streams)
                     and response.content_type == "text/event-stream"
                 ):
-                    return StreamedReply(response, shown, path, answered, mask, dialect)
-                return WholeReply(response, shown, path, answered, mask, await read(response, mask=mask))
-            head = await read(response, limit=ROUTE_404_MAX_BYTES, mask=mask)
+                    seen = masked_reply(headers, query, url, response.headers.items())
+                    return StreamedReply(response, seen.url, path, seen.headers, seen.mask, dialect)
+                raw = await read(response, shown=shown)
+                seen = masked_reply(headers, query, url, response.headers.items(), raw)
+                return WholeReply(response, seen.url, path, seen.headers, seen.mask, seen.body)
+            head = await read(response, limit=ROUTE_404_MAX_BYTES, shown=shown)
             if not is_route_level_404(404, head):
                 # The API's own 404, e.g. model_not_found.
-                return WholeReply(response, shown, path, answered, mask, head)
+                seen = masked_reply(headers, query, url, response.headers.items(), head)
+                return WholeReply(response, seen.url, path, seen.headers, seen.mask, seen.body)
             log.debug("upstream %s has no route %s", self.base_url, path)
         tried = ", ".join(paths)
         raise NotFound(f"the upstream {self.base_url} does not serve {dialect.name} (tried {tried})")
