@@ -31,10 +31,12 @@ from aiohttp import web
 from modeltap import __version__
 from modeltap.cli.completion import SESSION_METAVAR, SHELLS, script
 from modeltap.compat import doctor
+from modeltap.compat.hosts import is_loopback
 from modeltap.exporters.export import FORMATS, send_otlp, write_export
 from modeltap.proxy.config import DEFAULT_STORE, ProxyConfig, otlp_traces_endpoint
-from modeltap.proxy.network import host_address, is_loopback, url
+from modeltap.proxy.network import host_address, url
 from modeltap.proxy.server import Proxy, startup_report
+from modeltap.proxy.upstream_check import upstream_found
 from modeltap.proxy.workers import start_workers
 from modeltap.readers import console as console_module
 from modeltap.readers.console import ConsoleLog
@@ -509,7 +511,9 @@ async def _serve_until_signalled(
         async with contextlib.AsyncExitStack() as workers:
             if config.workers > 1:
                 await workers.enter_async_context(start_workers(proxy))
-            print(startup_report(proxy, default), flush=True)
+            # Asked once, briefly: a mistake shows now, and an upstream that is not up yet fails nothing.
+            found = await upstream_found(proxy.context)
+            print(startup_report(proxy, default, found), flush=True)
             await stop.wait()
             print("modeltap: stopping; flushing records", flush=True)
 
@@ -803,7 +807,7 @@ def _mock(args: argparse.Namespace) -> int:
     banner = f"modeltap mock: {len(mock.recorded)} recorded exchange(s) of {what}{strict}"
     max_body_bytes = ProxyConfig.from_sources({"max_body_bytes": args.max_body_bytes}).max_body_bytes
     log = None if args.quiet else lambda line: print(line, file=sys.stderr, flush=True)
-    app = mock_app(mock, max_body_bytes, log)
+    app = mock_app(mock, max_body_bytes, log, bind_host=args.host)
     asyncio.run(_serve_app_until_signalled(app, args.host, args.port, banner))
     return 0
 

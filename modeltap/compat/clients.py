@@ -13,7 +13,8 @@ the relay relies on (docs/agents.md §9 has each client's measured habits). Does
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from urllib.parse import parse_qsl, unquote_plus
 
 # The Stainless-generated SDKs (openai-python, anthropic-python, and the TS SDK inside Claude Code)
 # number their own retries in this header; the record keeps it to tell a retry from a new request.
@@ -72,6 +73,92 @@ def client_of(user_agent: str | None) -> str | None:
 
 # Every header a client may carry an API key in: the relay looks at each for a session token.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+
+
+# Query parameters clients carry a key in: Gemini's `?key=`, Azure OpenAI's `?api-key=`, and the
+# spellings of the same idea (https://ai.google.dev/api#api-keys). Treated as the headers are: kept out
+# of records, not sent on by replay, replaced by the upstream's key.
+CREDENTIAL_PARAMS = frozenset(("key", "api-key", "api_key", "apikey", "x-api-key", "access_token"))
+# What a credential in a recorded query reads as.
+REDACTED = "[redacted]"
+
+
+def query_credentials(query: str) -> list[str]:
+    """The values of the credential parameters in a query string (as sent, or decoded).
+
+    >>> query_credentials("alt=sse&key=AIza0123")
+    ['AIza0123']
+    """
+    return [v for k, v in parse_qsl(query, keep_blank_values=True) if k.lower() in CREDENTIAL_PARAMS and v]
+
+
+def without_query_credentials(query: str, replacement: str | None = None) -> str:
+    """A query string (as sent) without its credential parameters, or with their values replaced by
+    `replacement`; the other parameters as they were, byte for byte.
+
+    >>> without_query_credentials("alt=sse&key=AIza0123")
+    'alt=sse'
+    >>> without_query_credentials("key=AIza0123&alt=sse", REDACTED)
+    'key=[redacted]&alt=sse'
+    """
+    kept = []
+    for part in query.split("&"):
+        name = unquote_plus(part.partition("=")[0])
+        if name.lower() not in CREDENTIAL_PARAMS:
+            kept.append(part)
+        elif replacement is not None:
+            kept.append(f"{part.partition('=')[0]}={replacement}")
+    return "&".join(kept)
+
+
+def redacted_path(path: str) -> str:
+    """A path with its query, for a record or a log: each credential parameter's value REDACTED."""
+    base, mark, query = path.partition("?")
+    return base + mark + without_query_credentials(query, REDACTED) if mark else path
+
+
+# Headers whose values are secrets in either direction: the credential headers, cookies, and a proxy's
+# credentials. A record keeps their names, never their values.
+SECRET_HEADERS = frozenset((*CREDENTIAL_HEADERS, "cookie", "set-cookie", "proxy-authorization"))
+
+
+def redacted_headers(
+    headers: Iterable[tuple[str, str]], mask: Callable[[str], str] = str
+) -> tuple[tuple[str, str], ...]:
+    """Headers for a record: every SECRET_HEADERS value REDACTED (an Authorization keeps its scheme,
+    so `Bearer` and `Basic` can be told apart), and `mask` applied to the others (the session tokens
+    a caller knows).
+
+    >>> redacted_headers([("Authorization", "Bearer sk-1"), ("User-Agent", "opencode/1")])
+    (('Authorization', 'Bearer [redacted]'), ('User-Agent', 'opencode/1'))
+    """
+    out = []
+    for name, value in headers:
+        if name.lower() in SECRET_HEADERS:
+            scheme, space, _ = value.strip().partition(" ")
+            keep = name.lower() == "authorization" and space and scheme.isalpha()
+            value = f"{scheme} {REDACTED}" if keep else REDACTED
+        else:
+            value = mask(value)
+        out.append((name, value))
+    return tuple(out)
+
+
+def recorded_request(
+    path: str,
+    headers: Iterable[tuple[str, str]],
+    *,
+    masked_path: Callable[[str], str] = str,
+    mask: Callable[[str], str] = str,
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What a record keeps of a request's path (with its query) and headers: the path through
+    `masked_path` with its query's credentials redacted (`redacted_path`), the headers through
+    `redacted_headers` with `mask`.
+
+    >>> recorded_request("/v1/models?key=AIza0123", [("x-api-key", "sk-1")])
+    ('/v1/models?key=[redacted]', (('x-api-key', '[redacted]'),))
+    """
+    return redacted_path(masked_path(path)), redacted_headers(headers, mask)
 
 
 def credential_values(headers: Mapping[str, str]) -> list[str]:

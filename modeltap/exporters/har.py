@@ -94,7 +94,8 @@ _HAR_FIELDS = (
 def _har_request(ex: dict[str, Any]) -> dict[str, Any]:
     """The request as the client sent it, at the upstream URL it went to (else modeltap's own)."""
     url = ex["upstream_url"] or LOCAL_ORIGIN + ex["path"]
-    headers = [{"name": "User-Agent", "value": ex["user_agent"]}] if ex["user_agent"] else []
+    recorded = _har_headers(ex.get("request_headers"))
+    headers = recorded or ([{"name": "User-Agent", "value": ex["user_agent"]}] if ex["user_agent"] else [])
     out: dict[str, Any] = {
         "method": ex["method"],
         "url": url,
@@ -109,7 +110,8 @@ def _har_request(ex: dict[str, Any]) -> dict[str, Any]:
     if request is not None:
         text = safe_text(request) or "" if isinstance(request, str) else dumps(request, compact=False)
         out["postData"] = {"mimeType": "application/json", "text": text}
-        out["headers"] = [*headers, {"name": "Content-Type", "value": "application/json"}]
+        if not recorded:
+            out["headers"] = [*headers, {"name": "Content-Type", "value": "application/json"}]
         out["bodySize"] = len(text.encode())
     return out
 
@@ -127,12 +129,18 @@ def _har_response(ex: dict[str, Any], events: list[bytes] | None) -> dict[str, A
         "statusText": _phrase(ex["status"]),
         "httpVersion": "HTTP/1.1",
         "cookies": [],
-        "headers": [{"name": "Content-Type", "value": mime}],
+        "headers": _har_headers(ex.get("response_headers")) or [{"name": "Content-Type", "value": mime}],
         "content": {"size": size, "mimeType": mime, "text": body},
         "redirectURL": "",
         "headersSize": -1,
         "bodySize": size,
     }
+
+
+def _har_headers(recorded: Any) -> list[dict[str, str]]:
+    """Recorded headers (credentials redacted when recorded) as HAR's name/value objects; [] for a
+    record from before modeltap kept them."""
+    return [{"name": name, "value": value} for name, value in recorded or ()]
 
 
 def _iso(ts: float) -> str:

@@ -21,9 +21,10 @@ from yarl import URL
 
 from modeltap import dialects
 from modeltap.compat.clients import presented_key
+from modeltap.compat.hosts import is_loopback
+from modeltap.proxy.config import check_upstream_url
 from modeltap.proxy.context import CONTEXT
 from modeltap.proxy.errors import BadRequest, Forbidden, NotFound, ProxyError, Unauthorized, error_bytes
-from modeltap.proxy.network import is_loopback
 from modeltap.proxy.routes import names_a_control_route
 from modeltap.proxy.sessions import Session
 
@@ -139,6 +140,7 @@ def session_request(body: Any) -> tuple[str | None, str | None, dict[str, str]]:
 def _check_upstream(upstream: Any) -> None:
     if not (isinstance(upstream, str) and len(upstream) <= MAX_URL_CHARS and _VISIBLE.fullmatch(upstream)):
         raise ValueError(f"upstream must be a URL of at most {MAX_URL_CHARS} visible ASCII characters")
+    check_upstream_url(upstream, "upstream")
     url = URL(upstream)
     if url.scheme not in ("http", "https") or not url.host:
         raise ValueError(f"upstream must be an http(s) URL with a host, not {upstream!r}")

@@ -261,7 +261,12 @@ def unexpected(flow: Flow, exc: Exception) -> web.StreamResponse:
 def _response_headers(flow: Flow, reply: Reply) -> CIMultiDict[str]:
     """The upstream's headers less those that described its framing, and what every answer to this
     request carries (`Flow.answer_headers`)."""
-    kept = ((k, v) for k, v in reply.response.headers.items() if k.lower() not in _RESPONSE_DROP)
+    kept = (
+        (k, v)
+        for k, v in reply.headers.items()
+        # The upstream's CORS answer is not ours: which pages may read modeltap is --allow-origin's.
+        if k.lower() not in _RESPONSE_DROP and not k.lower().startswith("access-control-")
+    )
     headers: CIMultiDict[str] = CIMultiDict(kept)
     headers.update(flow.answer_headers)
     return headers

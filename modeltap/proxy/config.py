@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from modeltap.compat.engines import ENGINE_CHOICES, EngineChoice
 from modeltap.compat.layouts import LAYOUTS, Layout
+from modeltap.dialects import routes
 
 DEFAULT_STORE = ".modeltap/records.db"
 # `modeltap serve`'s port unless told otherwise: one to remember and put in an agent's config once.
@@ -83,6 +84,18 @@ class ProxyConfig:
     admin_remote: bool = option(False, "serve the admin API beyond loopback too")
     lend_key_to_anonymous: bool = option(
         False, "on a non-loopback listener, send --upstream-key for requests without a session token too"
+    )
+    allow_origins: list[str] = option(
+        [],
+        "let web pages of this origin (e.g. http://localhost:3000) use the proxy from a browser; "
+        "repeatable, * for any (default: none)",
+        flag="--allow-origin",
+    )
+    allow_hosts: list[str] = option(
+        [],
+        "answer requests addressed by this Host name too (a reverse proxy's), besides the listener's own "
+        "names and addresses; repeatable, * for any",
+        flag="--allow-host",
     )
     sync: bool = option(False, "commit each record before its response ends")
     workers: int = option(
@@ -188,6 +201,7 @@ class ProxyConfig:
             raise ValueError(f"budget must be one of {', '.join(BUDGET_POLICIES)}, not {self.budget!r}")
         if self.upstream is not None:
             self.upstream = self.upstream.rstrip("/")
+            check_upstream_url(self.upstream, "--upstream")
             if not self.upstream.startswith(("http://", "https://")):
                 raise ValueError(f"upstream must be an http(s) URL, not {self.upstream!r}")
         if not 0 <= self.port <= 65535:
@@ -196,6 +210,7 @@ class ProxyConfig:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"otlp_endpoint must be an http(s) URL, not {self.otlp_endpoint!r}")
+        self.allow_origins = [origin.rstrip("/") for origin in self.allow_origins]
         if os.pathsep in self.store:
             raise ValueError(
                 f"store must be one database path, not the list {self.store!r}: a proxy writes one store "
@@ -219,6 +234,45 @@ class ProxyConfig:
             elif (raw := env.get("MODELTAP_" + f.name.upper())) is not None:
                 values[f.name] = parse_env(f, raw)
         return cls(**values)
+
+
+def check_upstream_url(url: str, what: str) -> None:
+    """Raise ValueError, in one line that does not repeat a password, when `url` cannot be an
+    upstream's base URL: it holds `user:password@` (modeltap would print it at start, keep it in
+    every record of the session and send it beside the upstream key, which aiohttp refuses) or a
+    query (`?key=`), or it names an endpoint (`…/v1/chat/completions`), which would fail at the first
+    request with a 404.
+
+    >>> check_upstream_url("http://me:hunter2@gpu:8000/v1", "--upstream")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --upstream must not hold a user or password (user:password@host): modeltap would ...
+    >>> check_upstream_url("http://gpu:8000/v1/chat/completions", "--upstream")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --upstream is the server's base URL, not an endpoint: give http://gpu:8000/v1 ...
+    """
+    scheme, _, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority.split("?", 1)[0].split("#", 1)[0]:  # the userinfo, not an `@` in a query
+        raise ValueError(
+            f"{what} must not hold a user or password (user:password@host): modeltap would print and "
+            "store it; give the key with --upstream-key (or a session's upstream_key)"
+        )
+    if "?" in rest or "#" in rest:
+        # modeltap appends each endpoint's path to the base, which a query would end up inside; and a
+        # key in it (`?key=`) would be printed at start and kept with every session.
+        raise ValueError(
+            f"{what} is a base URL and takes no query string or fragment: give a key with --upstream-key"
+        )
+    path = "/" + path.rstrip("/") if slash else ""
+    for route in sorted(routes(), key=len, reverse=True):
+        if path.endswith("/" + route):
+            base = f"{scheme}://{authority}{path.removesuffix('/' + route)}"
+            raise ValueError(
+                f"{what} is the server's base URL, not an endpoint: give {base} (modeltap adds /{route} "
+                "and every other endpoint's path itself)"
+            )
 
 
 def otlp_traces_endpoint(config: ProxyConfig, env: Mapping[str, str] = os.environ) -> str | None:

@@ -10,6 +10,7 @@
     ├── MethodNotAllowed      405  a known endpoint called with the wrong method
     ├── ClientTooSlow         408  the request body did not arrive within the client timeout
     ├── PayloadTooLarge       413  request body over the configured limit (inflated, if compressed)
+    ├── MisdirectedRequest    421  a Host that is not the listener's own name or address (DNS rebinding)
     ├── UnsupportedMediaType  415  a body encoding modeltap does not inflate (br, zstd)
     ├── NotImplemented_       501  an endpoint modeltap cannot answer in this configuration
     ├── UpstreamUnreachable   502  connection refused, reset, or a broken response before the status
@@ -135,6 +136,17 @@ class PayloadTooLarge(ProxyError):
     openai_type = "invalid_request_error"
     anthropic_type = "request_too_large"
     code = "request_too_large"
+    error_class = "client_error"
+
+
+class MisdirectedRequest(ProxyError):
+    """The request names a Host that is not the listener's own: a web page may be behind it, its name
+    rebound to this machine (compat/hosts.py)."""
+
+    status = 421
+    openai_type = "invalid_request_error"
+    anthropic_type = "permission_error"
+    code = "misdirected_request"
     error_class = "client_error"
 
 

@@ -1,6 +1,7 @@
 """The headers and query a request goes upstream with: the client's headers less hop-by-hop ones,
 path overrides and credentials that are not the upstream's, with the upstream's key; the query less
-any session token; and the header every budgeted answer carries.
+any session token and, where the client's credentials are replaced, its own key (`?key=`); and the
+header every budgeted answer carries.
 
 Owns: which request headers are dropped and why, and the hop-by-hop set both directions drop. Does
 not own: choosing the upstream or its key (relay.py), what a format's credential headers are (its
@@ -15,7 +16,7 @@ from urllib.parse import parse_qsl, urlencode
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
-from modeltap.compat.clients import presented_key
+from modeltap.compat.clients import presented_key, without_query_credentials
 from modeltap.dialects.roles import Dialect
 from modeltap.records.exchange import BudgetRecord
 
@@ -87,7 +88,11 @@ def outbound(flow: Flow, target: Target, dialect: Dialect) -> tuple[CIMultiDict[
     """The headers (`upstream_headers`) and the query (`forwarded_query`) a request of `dialect` (the
     client's, or chat for a translation) goes upstream with."""
     headers = upstream_headers(flow.request, target, dialect, translated=dialect is not flow.dialect)
-    return headers, forwarded_query(flow)
+    query = forwarded_query(flow)
+    if not target.pass_client_credentials:
+        # A key in the query (`?key=`) is the client's, as its headers' are: the upstream's key replaces it.
+        query = without_query_credentials(query)
+    return headers, query
 
 
 def budget_headers(decision: BudgetRecord) -> dict[str, str]:

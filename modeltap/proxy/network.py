@@ -11,25 +11,13 @@ on the bridge cannot reach; modeltap binds all interfaces and points containers 
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import socket
 import struct
 
+from modeltap.compat.hosts import DOCKER_HOST_NAME, is_loopback
+
 BRIDGE_INTERFACE = "docker0"
-# Where Docker publishes the host when run with --add-host=host.docker.internal:host-gateway; the
-# fallback when this host has no docker0 (Docker Desktop, rootless, or no Docker at all).
-HOST_GATEWAY_NAME = "host.docker.internal"
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
-
-
-def is_loopback(host: str) -> bool:
-    """True when `host` is reachable only from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def is_wildcard(host: str) -> bool:
@@ -58,7 +46,8 @@ def container_address(bind_host: str) -> str | None:
         return None
     if not is_wildcard(bind_host):
         return bind_host
-    return bridge_gateway() or HOST_GATEWAY_NAME
+    # Docker's name for the host when there is no docker0 (Docker Desktop, rootless, or no Docker).
+    return bridge_gateway() or DOCKER_HOST_NAME
 
 
 def url(address: str, port: int) -> str:

@@ -1,18 +1,19 @@
 """Forwards one exchange, in fixed stages:
 
-    route -> identify the session -> read the body -> name it -> budget -> send -> answer -> seal -> end
+    guard -> route -> identify the session -> read the body -> name it -> budget -> send -> answer
+    -> seal -> end
 
-Paths are resolved in routes.py, every format's particulars asked of its dialect (modeltap.dialects),
-token budgets decided in budget.py, what to ask an engine for its token ids (or render) in
-token_recorder.py, streams assembled in dialects/sse.py, upstream paths, reading replies and client
-errors handled in upstream.py, a format the upstream does not serve translated through chat and a
-stream made for a client that asked for one in translate.py. Within the relay, the request's state
-lives in flow.py, its body is read in request_body.py, its upstream headers are written in
-headers.py, and the answer is written to the client in answers.py, which stops before the end of a
-stream. This module wires the stages together for one request; seals the exchange and hands it to
-the observers (observers.py; the record store is the first), here and only here, once the answer is
-written; then ends the response, so that `--sync` commits before the client sees the end. It is the
-one boundary for failures: whatever a stage did not expect is answered 500 in the client's shape and
+Web pages are kept out in browsers.py, paths are resolved in routes.py, every format's particulars asked
+of its dialect (modeltap.dialects), token budgets decided in budget.py, what to ask an engine for its
+token ids (or render) in token_recorder.py, streams assembled in dialects/sse.py, upstream paths,
+reading replies and client errors handled in upstream.py, a format the upstream does not serve
+translated through chat and a stream made for a client that asked for one in translate.py. Within the
+relay, the request's state lives in flow.py, its body is read in request_body.py, its upstream headers
+are written in headers.py, and the answer is written to the client in answers.py, which stops before the
+end of a stream. This module wires the stages together for one request; seals the exchange and hands it
+to the observers (observers.py; the record store is the first), here and only here, once the answer is
+written; then ends the response, so that `--sync` commits before the client sees the end. It is the one
+boundary for failures: whatever a stage did not expect is answered 500 in the client's shape and
 recorded as `proxy_error`, and the server keeps serving.
 """
 
@@ -28,9 +29,16 @@ from urllib.parse import quote
 from aiohttp import HttpVersion10, hdrs, web
 
 from modeltap import dialects
-from modeltap.compat.clients import credential_values, presented_key, retry_count
+from modeltap.compat.clients import (
+    credential_values,
+    presented_key,
+    recorded_request,
+    redacted_headers,
+    retry_count,
+)
 from modeltap.dialects.openai_chat import DIALECT as CHAT
 from modeltap.dialects.roles import CountsPrompt, Dialect, Streams, ThroughChat
+from modeltap.proxy import browsers
 from modeltap.proxy.answers import (
     refusal,
     relay_body,
@@ -77,17 +85,25 @@ async def handle(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     query = request.rel_url.raw_query_string
     # The path as recorded: decoded, so that a token sent percent-encoded is masked too, with the query
-    # as sent.
-    path = ctx.sessions.masked_path(f"{request.path}?{query}" if query else request.path)
+    # as sent, less the value of any key in it (`?key=`); the headers with no credential or token.
+    path, headers = recorded_request(
+        f"{request.path}?{query}" if query else request.path,
+        request.headers.items(),
+        masked_path=ctx.sessions.masked_path,
+        mask=ctx.sessions.mask,
+    )
     draft = ExchangeDraft(
         method=request.method,
         path=path,
         user_agent=request.headers.get(hdrs.USER_AGENT),
         retry_count=retry_count(request.headers),
+        request_headers=headers,
     )
     flow = Flow(ctx, request, draft, dialects.for_error(request.path))
     try:
         response = await _answer(flow)
+        # No session token to mask: none ever goes upstream, and modeltap's own messages are masked.
+        draft.response_headers = redacted_headers(response.headers.items())
         await _deliver(flow)
     except asyncio.CancelledError:
         # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
@@ -166,6 +182,9 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
         # aiohttp reads a request line without a version as HTTP/0.9 yet still takes the lines after
         # it as headers, so a raw CR LF in a URL would turn the URL's tail into headers we forward.
         raise BadRequest("modeltap speaks HTTP/1.0 and later; the request line has no HTTP version")
+    browsers.guard(flow)
+    if request.method == hdrs.METH_OPTIONS:
+        return browsers.preflight(flow)
     route = resolve(request.path)
     dialect = flow.dialect = route.dialect
     draft.endpoint = dialect.name
@@ -188,7 +207,7 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
         raise BadRequest(str(exc)) from None
     draft.session_id, draft.labels = names.session_id, names.labels
     if isinstance(dialect, CountsPrompt) and ctx.budget is not None and body is not None:
-        return web.json_response(await ctx.budget.count_answer(dialect, body))
+        return web.json_response(await ctx.budget.count_answer(dialect, body), headers=flow.answer_headers)
     # `--tokens exact` sends every generating request to the engine's token endpoint as chat: a
     # Messages or Responses request is translated at once, never tried at the upstream's own path.
     exact = ctx.exact is not None and isinstance(dialect, ThroughChat)
@@ -279,7 +298,7 @@ def _exact_cap(flow: Flow, exact: ExactTranslation) -> int | None:
         return asked if isinstance(asked, int) and not isinstance(asked, bool) else None
     decision = budget.decide_counted(CHAT, chat, len(exact.built.ids), refuse_as=flow.dialect)
     flow.draft.budget = decision.as_record()
-    flow.answer_headers = budget_headers(flow.draft.budget)
+    flow.answer_headers.update(budget_headers(flow.draft.budget))
     if decision.error is not None:
         raise decision.error
     sent = decision.body if decision.body is not None else chat
@@ -304,7 +323,7 @@ async def _payload(
     if ctx.budget is not None and dialect.completion_field(sent) is not None:
         decision = await ctx.budget.apply(dialect, sent, raw or None, refuse_as=flow.dialect)
         draft.budget = decision.as_record()
-        flow.answer_headers = budget_headers(draft.budget)
+        flow.answer_headers.update(budget_headers(draft.budget))
         if decision.error is not None:
             raise decision.error
         if decision.body is not None:
@@ -374,7 +393,7 @@ def _not_served(flow: Flow, route: Route, err: NotFound) -> web.StreamResponse:
     served = [ctx.config.model] if ctx.config.model else []
     answer = dialect.local_answer(served, ctx.started, route.item)
     if answer is not None:
-        return web.json_response(answer)
+        return web.json_response(answer, headers=flow.answer_headers)
     if route.item is not None:
         raise NotFound(f"no model {route.item!r} here; modeltap serves {served or 'no model (give --model)'}")
     if isinstance(dialect, CountsPrompt):

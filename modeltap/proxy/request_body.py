@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import hdrs, web
 
+from modeltap.compat.hosts import is_json_type
 from modeltap.proxy.errors import (
     BadRequest,
     ClientTooSlow,
@@ -64,9 +65,15 @@ async def read_body(flow: Flow, authenticated: bool) -> dict[str, Any]:
     draft.request = (
         raw if encoding not in _INFLATE_WBITS else await asyncio.to_thread(inflate, raw, encoding, limit)
     )
+    # Never without one: a web page may POST form or plain-text bodies, or none, to any server
+    # without asking first (compat/hosts.py), and a loopback listener lends them the key.
     declared = request.headers.get(hdrs.CONTENT_TYPE)
-    if declared is not None and not is_json_type(request.content_type):
-        raise BadRequest(f"Content-Type must be application/json, not {declared!r}")
+    if not is_json_type(request.content_type if declared is not None else ""):
+        raise BadRequest(
+            f"Content-Type must be application/json, not {declared!r}"
+            if declared is not None
+            else "send Content-Type: application/json (this request has no Content-Type)"
+        )
     try:
         body = json.loads(draft.request)
     except RecursionError:
@@ -101,7 +108,3 @@ def inflate(data: bytes, encoding: str, limit: int) -> bytes:
     if not inflater.eof:
         raise BadRequest(f"the request body is not valid {encoding}: it ends before its stream does")
     return b"".join(out)
-
-
-def is_json_type(content_type: str) -> bool:
-    return content_type == "application/json" or content_type.endswith("+json")

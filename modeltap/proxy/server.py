@@ -26,6 +26,7 @@ from aiohttp import web
 from modeltap import dialects
 from modeltap.compat.engines import ID_ENGINES, EngineInfo, chosen
 from modeltap.compat.engines import UNKNOWN as UNKNOWN_ENGINE
+from modeltap.compat.hosts import is_loopback
 from modeltap.compat.layouts import LAYOUT_HELP, serves
 from modeltap.dialects.roles import ThroughChat
 from modeltap.proxy import admin, listener, network, observers, relay
@@ -102,7 +103,7 @@ def build_app(
         sessions,
         store,
         seam,
-        loopback_only=network.is_loopback(config.host),
+        loopback_only=is_loopback(config.host),
         writer=writer,
         sharing=sharing,
         setup=setup,
@@ -484,9 +485,10 @@ class Proxy:
         return _base_urls(self.config.host, self.port)
 
 
-def startup_report(proxy: Proxy, default_session: Session | None) -> str:
-    """What `modeltap serve` prints at start: where it listens, what it forwards to, and the base URLs
-    to paste into agents running on this host and in Docker containers."""
+def startup_report(proxy: Proxy, default_session: Session | None, found: str | None = None) -> str:
+    """What `modeltap serve` prints at start: where it listens, what it forwards to (and `found`, what
+    the upstream answered when asked at start: upstream_check.py), and the base URLs to paste into
+    agents running on this host and in Docker containers."""
     config = proxy.config
     # A key the operator chose is theirs to keep: it is printed only when modeltap made it up.
     shown_key = "<the --admin-key you gave>" if config.admin_key else proxy.admin_key
@@ -498,6 +500,7 @@ def startup_report(proxy: Proxy, default_session: Session | None) -> str:
     lines = [
         f"modeltap listening on {config.host}:{proxy.port}",
         f"  upstream  {config.upstream or '(none: sessions name their own)'}",
+        *([f"            {found}"] if found else []),
         f"  layout    {config.layout} ({LAYOUT_HELP[config.layout]})",
         "  translated "
         + (

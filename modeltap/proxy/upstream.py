@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
+from multidict import CIMultiDict
 
 from modeltap.compat.layouts import Layout, is_route_level_404, serves, upstream_paths
 from modeltap.dialects.roles import Dialect, Streams, ThroughChat
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
+from modeltap.proxy.keys import KeyMask, masked_reply
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +49,14 @@ def map_client_error(exc: BaseException, url: str) -> ProxyError:
 
 @dataclass(slots=True)
 class Reply:
-    """An upstream response whose headers are read."""
+    """An upstream response whose headers are read: `url` and `headers` with the keys the request
+    was sent with masked (keys.py), as everything read from it is."""
 
     response: aiohttp.ClientResponse
     url: str
     path: str
+    headers: CIMultiDict[str]
+    mask: KeyMask
 
 
 @dataclass(slots=True)
@@ -72,12 +77,17 @@ class StreamedReply(Reply):
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body chunk by chunk as it arrives (decoded), with errors mapped. Closes the response
         when the caller stops early, which ends the upstream request."""
-        response = self.response
+        response, stream = self.response, self.mask.stream()
         try:
             async for chunk in response.content.iter_any():
-                yield chunk
+                masked = stream.feed(chunk)
+                if masked:
+                    yield masked
+            rest = stream.flush()
+            if rest:
+                yield rest
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise map_client_error(exc, str(response.url)) from exc
+            raise map_client_error(exc, self.url) from exc
         finally:
             if response.content.at_eof():
                 response.release()
@@ -85,12 +95,15 @@ class StreamedReply(Reply):
                 response.close()
 
 
-async def read(response: aiohttp.ClientResponse, limit: int = -1) -> bytes:
-    """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped."""
+async def read(
+    response: aiohttp.ClientResponse, limit: int = -1, shown: Callable[[], str] | None = None
+) -> bytes:
+    """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped (naming
+    the URL as `shown` says: with no key in it)."""
     try:
         return await response.content.read(limit)
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise map_client_error(exc, str(response.url)) from exc
+        raise map_client_error(exc, shown() if shown is not None else str(response.url)) from exc
     finally:
         response.release()
 
@@ -172,10 +185,15 @@ class Upstream:
         paths = list(paths) if paths is not None else self.candidates(dialect)
         for path in paths:
             url = base + path + suffix + (f"?{query}" if query else "")
+
+            # The URL as an error shows it: no key in it, wherever the client put one.
+            def shown(url: str = url) -> str:
+                return masked_reply(headers, query, url, ()).url
+
             try:
                 response = await self._client.request(method, url, headers=headers, data=body)
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise map_client_error(exc, url) from exc
+                raise map_client_error(exc, shown()) from exc
             if response.status != 404:
                 self._chosen.setdefault(dialect.name, path)
                 # An error answered as a stream is read whole: its client is told of it in one piece.
@@ -184,11 +202,16 @@ class Upstream:
                     and isinstance(dialect, Streams)
                     and response.content_type == "text/event-stream"
                 ):
-                    return StreamedReply(response, url, path, dialect)
-                return WholeReply(response, url, path, await read(response))
-            head = await read(response, limit=ROUTE_404_MAX_BYTES)
+                    seen = masked_reply(headers, query, url, response.headers.items())
+                    return StreamedReply(response, seen.url, path, seen.headers, seen.mask, dialect)
+                raw = await read(response, shown=shown)
+                seen = masked_reply(headers, query, url, response.headers.items(), raw)
+                return WholeReply(response, seen.url, path, seen.headers, seen.mask, seen.body)
+            head = await read(response, limit=ROUTE_404_MAX_BYTES, shown=shown)
             if not is_route_level_404(404, head):
-                return WholeReply(response, url, path, head)  # the API's own 404, e.g. model_not_found
+                # The API's own 404, e.g. model_not_found.
+                seen = masked_reply(headers, query, url, response.headers.items(), head)
+                return WholeReply(response, seen.url, path, seen.headers, seen.mask, seen.body)
             log.debug("upstream %s has no route %s", self.base_url, path)
         tried = ", ".join(paths)
         raise NotFound(f"the upstream {self.base_url} does not serve {dialect.name} (tried {tried})")

@@ -107,12 +107,27 @@ def turn_text(turn: Turn, request: Any = None) -> str:
     if turn.bodies is not None:
         bodies = turn.bodies
         shown = (
+            ("request headers", _headers_text(bodies.request_headers)),
             ("request", bodies.request),
             (f"sent upstream ({turn.sent_because})" if turn.sent_because else "sent upstream", bodies.sent),
+            ("response headers", _headers_text(bodies.response_headers)),
             ("response", bodies.response),
         )
-        lines += [line for title, body in shown if body is not None for line in (f"── {title}", pretty(body))]
+        lines += [
+            line
+            for title, body in shown
+            if body is not None
+            for line in (f"── {title}", body if isinstance(body, str) else pretty(body))
+        ]
     return "\n".join(lines)
+
+
+def _headers_text(headers: Sequence[tuple[str, str]]) -> str | None:
+    """Headers as `Name: value` lines (credentials were redacted when recorded), control characters
+    escaped; None when none were recorded (a record from before modeltap kept them)."""
+    if not headers:
+        return None
+    return "\n".join(printable(f"{name}: {value}", lines=False) for name, value in headers)
 
 
 def tail_line(turn: Turn) -> str:

@@ -95,7 +95,9 @@ class ExchangeDraft:
     ("chat"), and `received` holds the upstream's answer in that format; `synthesised` says the client's
     stream was written from a JSON answer. With `serve --token-ids`, `token_ask` says what modeltap asked
     the engine for (the ids themselves come back in the response), and `token_ids` holds the ids modeltap
-    rendered where the engine returns none."""
+    rendered where the engine returns none. `request_headers` are the client's, as it sent them, and
+    `response_headers` those of the answer it got, each with its credentials redacted (the relay does
+    it: compat/clients.py `redacted_headers`)."""
 
     # False until sealed, so that an Exchange built directly can tell its own construction (the
     # generated __init__ assigning each field) from a later assignment.
@@ -130,6 +132,8 @@ class ExchangeDraft:
     synthesised: bool = False
     token_ask: str | None = None
     token_ids: TokenIds | None = None
+    request_headers: tuple[tuple[str, str], ...] = ()
+    response_headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def upstream_body(self) -> dict[str, Any] | None:

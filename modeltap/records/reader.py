@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from modeltap import __version__
+from modeltap.compat.clients import redacted_path
 from modeltap.records import query, rollups, token_store
 from modeltap.records.query import SESSION_COLUMNS, SessionQuery
 from modeltap.records.schema import SCHEMA_VERSION, connect, made_objects, objects
@@ -113,6 +114,10 @@ _SUMMARY_COLUMNS = (
     "counted_prompt_tokens, budget, error_class, error_message, user_agent, retry_count, "
     "client_disconnected, translated, synthesised"
 )
+
+# What an exchange holds besides its summary, read only with its bodies.
+_BODY_COLUMNS = "request, sent, response, received, request_headers, response_headers"
+_BODY_FIELDS = frozenset(_BODY_COLUMNS.split(", "))
 
 
 class StoreReader:
@@ -270,7 +275,7 @@ class StoreReader:
     ) -> list[dict[str, Any]]:
         """Exchanges in recording order, optionally of one session and after a sequence number.
         With `bodies`, each has its `request`, `sent` and `response` rebuilt as dicts."""
-        columns = _SUMMARY_COLUMNS + (", request, sent, response, received" if bodies else "")
+        columns = _SUMMARY_COLUMNS + (f", {_BODY_COLUMNS}" if bodies else "")
         sql = f"SELECT {columns} FROM exchanges WHERE seq > ?"
         args: list[Any] = [after_seq]
         if session_id is not None:
@@ -286,7 +291,7 @@ class StoreReader:
 
     def recent(self, session_id: str | None, count: int) -> list[dict[str, Any]]:
         """The last `count` exchanges (of one session, or of all), with their bodies, oldest first."""
-        sql = f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges"
+        sql = f"SELECT {_SUMMARY_COLUMNS}, {_BODY_COLUMNS} FROM exchanges"
         args: list[Any] = []
         if session_id is not None:
             clause, more = self._of_session(session_id)
@@ -311,7 +316,7 @@ class StoreReader:
     def exchange(self, exchange_id: str) -> dict[str, Any] | None:
         with self._snapshot():
             row = self._conn.execute(
-                f"SELECT {_SUMMARY_COLUMNS}, request, sent, response, received FROM exchanges WHERE id = ?",
+                f"SELECT {_SUMMARY_COLUMNS}, {_BODY_COLUMNS} FROM exchanges WHERE id = ?",
                 (exchange_id,),
             ).fetchone()
             return None if row is None else self._row(row, True)
@@ -362,7 +367,12 @@ class StoreReader:
         return token_store.unpack_logprobs(turn["logprobs"])
 
     def _row(self, row: sqlite3.Row, bodies: bool) -> dict[str, Any]:
-        out = {key: row[key] for key in row.keys() if key not in ("request", "sent", "response", "received")}
+        out = {key: row[key] for key in row.keys() if key not in _BODY_FIELDS}
+        # A key in a query (`?key=`) that a record from before modeltap redacted them still holds is
+        # redacted as it is read, so that no reader shows it and no replay sends it on.
+        for name in ("path", "upstream_url"):
+            if out.get(name):
+                out[name] = redacted_path(out[name])
         out["labels"] = json.loads(out["labels"])
         out["budget"] = json.loads(out["budget"]) if out["budget"] else None
         out["streamed"] = bool(out["streamed"])
@@ -373,6 +383,8 @@ class StoreReader:
             out["sent"] = self._unpack_request(row["sent"])
             out["response"] = json.loads(zlib.decompress(row["response"])) if row["response"] else None
             out["received"] = json.loads(zlib.decompress(row["received"])) if row["received"] else None
+            for name in ("request_headers", "response_headers"):
+                out[name] = [tuple(pair) for pair in json.loads(row[name])] if row[name] else []
         return out
 
     def _unpack_request(self, packed: bytes | None) -> Any:

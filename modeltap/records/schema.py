@@ -88,6 +88,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     rollups.REVISION_MIGRATION,
     # 6: each completion's weight version and seed, and the mask of rendered ids (`serve --tokens`)
     token_store.SAMPLING_MIGRATION,
+    # 7: the request's and the answer's headers, credentials redacted (JSON lists of [name, value])
+    """
+    ALTER TABLE exchanges ADD COLUMN request_headers TEXT;
+    ALTER TABLE exchanges ADD COLUMN response_headers TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

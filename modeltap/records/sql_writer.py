@@ -62,7 +62,7 @@ _EXCHANGE_COLUMNS = (
     "id, session_id, labels, method, endpoint, path, upstream_url, status, streamed, stream_complete, "
     "started, first_byte, ended, model, request, sent, response, raw_sse, finish_reason, prompt_tokens, "
     "completion_tokens, tool_calls, counted_prompt_tokens, budget, error_class, error_message, user_agent, "
-    "retry_count, client_disconnected, translated, received, synthesised"
+    "retry_count, client_disconnected, translated, received, synthesised, request_headers, response_headers"
 )
 _PLACEHOLDERS = ", ".join(["?"] * (_EXCHANGE_COLUMNS.count(",") + 1))
 _INSERT_EXCHANGE = f"INSERT INTO exchanges ({_EXCHANGE_COLUMNS}) VALUES ({_PLACEHOLDERS})"
@@ -312,6 +312,8 @@ class SqlWriter:
                 ex.translated,
                 _compress_json(received) if received is not None else None,
                 ex.synthesised,
+                _dumps([list(pair) for pair in ex.request_headers]) if ex.request_headers else None,
+                _dumps([list(pair) for pair in ex.response_headers]) if ex.response_headers else None,
             ),
         )
         self.tokens.write(conn, ex, ids, dialect, request, response)

@@ -78,12 +78,15 @@ class TurnTokenIds:
 class TurnBodies:
     """A turn's bodies: the request as the client sent it, as it went `sent` upstream when modeltap
     changed it (a clamp, a translation), the response the client got, and the upstream's own answer
-    to a translated request (`received`)."""
+    to a translated request (`received`); the headers of the request and of the answer, as recorded
+    (credentials redacted), as (name, value) pairs."""
 
     request: Any = None
     sent: Any = None
     response: Any = None
     received: Any = None
+    request_headers: tuple[tuple[str, str], ...] = ()
+    response_headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +219,14 @@ def turn_record(
     added = dialect.new_messages(request, previous_request) if request is not None else []
     error = TurnError(ex["error_class"], ex["error_message"]) if ex.get("error_class") else None
     prompt_tokens = ex["prompt_tokens"] if ex["prompt_tokens"] is not None else summary.prompt_tokens
-    bodies = TurnBodies(ex.get("request"), ex.get("sent"), ex.get("response"), ex.get("received"))
+    bodies = TurnBodies(
+        ex.get("request"),
+        ex.get("sent"),
+        ex.get("response"),
+        ex.get("received"),
+        tuple(ex.get("request_headers") or ()),
+        tuple(ex.get("response_headers") or ()),
+    )
     return Turn(
         number=number,
         id=ex["id"],

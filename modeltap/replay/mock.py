@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
 
 from modeltap import dialects
+from modeltap.compat.hosts import is_loopback, own_host
 from modeltap.dialects.base import ApiError, route_suffix
 from modeltap.dialects.roles import Streams
 from modeltap.records.reader import StoreReader
@@ -232,14 +234,25 @@ def shape_digest(body: Any) -> str:
 
 
 _MOCK = web.AppKey("mock", Mock)
+_BIND = web.AppKey("bind_host", str)
 _LOG: web.AppKey[Callable[[str], None]] = web.AppKey("mock_log")
 
 
-def mock_app(mock: Mock, max_body_bytes: int, log: Callable[[str], None] | None = None) -> web.Application:
+def mock_app(
+    mock: Mock,
+    max_body_bytes: int,
+    log: Callable[[str], None] | None = None,
+    *,
+    bind_host: str = "127.0.0.1",
+) -> web.Application:
     """The mock as an aiohttp app: every path modeltap relays, plus `GET /_modeltap/mock` (what was
     served) and `POST /_modeltap/mock/reset`. It accepts bodies up to `max_body_bytes`, as a proxy
-    does (recorded agent transcripts are long). `log` gets one line per request: how it matched."""
-    app = web.Application(client_max_size=max_body_bytes)
+    does (recorded agent transcripts are long). `log` gets one line per request: how it matched.
+    It serves recorded replies, so on a loopback `bind_host` it answers only requests addressed to its
+    own names (a 421 otherwise), as the proxy and the viewer do: no web page reads them through DNS
+    rebinding (compat/hosts.py)."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_own_hosts])
+    app[_BIND] = bind_host
     app[_MOCK] = mock
     app[_LOG] = log or (lambda line: None)
     app.router.add_get("/_modeltap/mock", _status)
@@ -247,6 +260,17 @@ def mock_app(mock: Mock, max_body_bytes: int, log: Callable[[str], None] | None 
     app.router.add_route("HEAD", "/{tail:.*}", _head)
     app.router.add_route("*", "/{tail:.*}", _answer)
     return app
+
+
+@web.middleware
+async def _own_hosts(request: web.Request, handler: Handler) -> web.StreamResponse:
+    bind = request.app[_BIND]
+    host = request.headers.get(hdrs.HOST)
+    if is_loopback(bind) and not own_host(host, bind):
+        message = f"modeltap mock answers only requests addressed to its own names, not {host!r}"
+        error = ApiError(message, anthropic_type="permission_error", code="misdirected_request")
+        return web.json_response(dialects.for_error(request.path).error_body(error), status=421)
+    return await handler(request)
 
 
 async def _status(request: web.Request) -> web.Response:

@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import hdrs
 
 from modeltap import dialects
+from modeltap.compat.clients import without_query_credentials
 from modeltap.records.reader import StoreReader
 from modeltap.records.turns import Turn, turn_record
 
@@ -85,11 +86,13 @@ async def _resend(client: aiohttp.ClientSession, base_url: str, ex: dict[str, An
 
 def without_session(path: str) -> str:
     """A recorded path without its session prefix (`/s/…/v1/chat/completions`: tokens are masked in
-    records), its query kept."""
-    if not path.startswith("/s/"):
-        return path
-    rest = path[3:].partition("/")[2]
-    return "/" + rest
+    records), its query kept less any credential in it (`?key=`, which a record written before
+    modeltap redacted them may still hold): a key is never sent on to another upstream."""
+    base, mark, query = path.partition("?")
+    if base.startswith("/s/"):
+        base = "/" + base[3:].partition("/")[2]
+    query = without_query_credentials(query) if mark else ""
+    return base + ("?" + query if query else "")
 
 
 def _last_seq(store: Path | str, session: str) -> int:

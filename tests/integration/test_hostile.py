@@ -69,7 +69,7 @@ class RawReply:
 
 def http_request(target: str, *headers: bytes, body: bytes = b"", method: str = "POST") -> bytes:
     """One request, byte for byte: `headers` go in as they are, CR, LF and NUL included."""
-    lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: modeltap", b"Connection: close", *headers]
+    lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: 127.0.0.1", b"Connection: close", *headers]
     if method == "POST":
         lines += [b"Content-Type: application/json", b"Content-Length: %d" % len(body)]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body

@@ -51,8 +51,10 @@ POLL_S = 0.05
 class Browser:
     """One headless Chromium with one page. `errors` collects uncaught page exceptions."""
 
-    def __init__(self) -> None:
+    def __init__(self, *flags: str) -> None:
+        """`flags` go to Chromium after the offline ones (`--host-resolver-rules=…` to name hosts)."""
         self.errors: list[str] = []
+        self._flags = flags
         self._profile = Path(tempfile.mkdtemp(prefix="modeltap-chromium-"))
         self._process: asyncio.subprocess.Process | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -68,6 +70,7 @@ class Browser:
             CHROMIUM,
             *OFFLINE_FLAGS,
             WINDOW,
+            *self._flags,
             f"--user-data-dir={self._profile}",
             "--remote-debugging-port=0",
             "about:blank",

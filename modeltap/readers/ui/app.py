@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from aiohttp import hdrs, web
 
+from modeltap.compat.hosts import own_host
 from modeltap.exporters.export import FORMATS, write_export
 from modeltap.records.exchange import OUTCOMES
 from modeltap.records.query import DEFAULT_LIMIT, SORTS, SessionQuery, parse_label
@@ -36,7 +37,6 @@ from modeltap.records.stores import Stores
 from modeltap.records.turns import turns
 
 STATIC = Path(__file__).parent / "static"
-_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 # The most sessions one page asks for: the page grows by DEFAULT_LIMIT at each "more".
 MAX_PAGE = 5000
 _STORES: web.AppKey[tuple[str, ...]] = web.AppKey("stores", tuple)
@@ -76,8 +76,8 @@ def viewer_app(stores: Path | str | Sequence[Path | str], *, loopback_only: bool
 async def _loopback_hosts(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    host = request.url.host or ""
-    if request.app[_LOOPBACK_ONLY] and host not in _LOOPBACK_NAMES:
+    host = request.headers.get(hdrs.HOST)
+    if request.app[_LOOPBACK_ONLY] and not own_host(host, "127.0.0.1"):
         raise web.HTTPMisdirectedRequest(text=f"this viewer answers only on loopback names, not {host!r}")
     return await handler(request)
 

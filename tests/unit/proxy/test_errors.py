@@ -22,6 +22,7 @@ TREE = [
     (errors.ClientTooSlow, 408, "client_error"),
     (errors.PayloadTooLarge, 413, "client_error"),
     (errors.UnsupportedMediaType, 415, "client_error"),
+    (errors.MisdirectedRequest, 421, "client_error"),
     (errors.NotImplemented_, 501, "proxy_error"),
     (errors.UpstreamUnreachable, 502, "upstream_error"),
     (errors.UpstreamTimeout, 504, "upstream_error"),

@@ -384,3 +384,18 @@ async def test_a_recorded_reply_with_a_lone_surrogate_streams_whole(
     assert text.rstrip().endswith("data: [DONE]") and "\\ud800" in text
     whole = await client.post("/v1/chat/completions", json=ask("hi"))
     assert whole.status == 200 and "\\ud800" in await whole.text()
+
+
+async def test_on_loopback_the_mock_answers_only_its_own_names(
+    tmp_path: Path, aiohttp_client: ClientFactory
+) -> None:
+    """It serves recorded replies: a page whose name was rebound to 127.0.0.1 reads none of them."""
+    path = await recorded(tmp_path / "r.db", chat("s1", "hi", "hello"))
+    client: TestClient = await aiohttp_client(mock_app(load_mock(path, session="s1"), DEFAULT_MAX_BODY_BYTES))
+    refused = await client.post(
+        "/v1/chat/completions", json=ask("hi"), headers={"Host": "rebound.example:80"}
+    )
+    assert refused.status == 421 and "hello" not in await refused.text()
+    assert (await refused.json())["error"]["code"] == "misdirected_request"
+    served = await client.post("/v1/chat/completions", json=ask("hi"), headers={"Host": "localhost:80"})
+    assert served.status == 200
