@@ -1,12 +1,17 @@
 """Anonymous traffic split into conversations: requests that bring no session token and no session
 hint are grouped by the continuity of their message histories, not stitched into one session.
 
-Owns: the rule. A conversation is known by how it starts (its format, its client, its system prompt and
-first message) and by where its last request ended (the length of its history and its last message). A
-request whose history starts the same way and holds that last message at that position continues it;
-any other starts a new one. Two runs of one client that send the very same first request share a
-session until they part, which is all their bytes allow. Bounded: the oldest conversations are
-forgotten. Does not own: sessions with a token (sessions.py) or hints (naming.py).
+Owns: the rule. A conversation is known by how it starts (its format, its client, the peer it comes
+from when that is not this host, its system prompt and first message), by where its last request
+ended (the length of its history and its last message), and by what the reply to that request
+carried (its ids: tool calls, messages, reasoning items; and its text). A request continues the
+conversation whose history its own extends, holding that last message at that position; when several
+alike conversations could be continued (the samples of one prompt all start alike), the one whose
+reply the request echoes right after it is chosen, then the longest. A request that extends no
+conversation starts a new one, and so does the very same request sent again (another sample of the
+prompt, the same script run again) unless it retries one that failed or says it is a retry
+(`x-stainless-retry-count`). Bounded: the oldest conversations are forgotten. Does not own: sessions
+with a token (sessions.py) or hints (naming.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ from modeltap.dialects.roles import Dialect
 CONVERSATIONS_MAX = 4096
 # Conversations kept per way of starting (a GRPO group's samples all start alike).
 TAILS_PER_START = 64
+# A whole reply larger than this is not read for its ids (a reply carrying logprobs of every token can
+# be megabytes); its conversation is then told apart by position and length alone.
+REPLY_READ_MAX_BYTES = 1 << 20
+# Ids kept of one reply: every tool call of a parallel turn, with room to spare.
+IDS_PER_REPLY = 64
+# The keys whose string values are a reply's ids and its text, in every format's reply and in the
+# assistant message that echoes it (chat's tool_calls[].id, Messages' tool_use.id, Responses' items'
+# id and call_id; content strings and text parts).
+_ID_KEYS = frozenset({"id", "call_id"})
+_TEXT_KEYS = frozenset({"text", "content"})
 
 
 @dataclass(slots=True)
@@ -32,52 +47,155 @@ class _Tail:
     session: str
     length: int
     last: str
+    # What the reply to the request that ended here carried; None until it is noted.
+    ids: frozenset[str] | None = None
+    text: str | None = None
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class Conversation:
+    """The conversation one request was named into: its session, and where to note the reply."""
+
+    session: str
+    _tail: _Tail
+    _length: int
 
 
 class AnonymousConversations:
-    """Names the conversation an anonymous request belongs to."""
+    """Names the conversation an anonymous request belongs to, and learns from its reply."""
 
     def __init__(self, prefix: str = "anon") -> None:
         self._prefix = prefix
         self._by_start: OrderedDict[str, list[_Tail]] = OrderedDict()
 
-    def session_of(self, dialect: Dialect, body: dict[str, Any], client: str | None = None) -> str | None:
-        """The session of the conversation `body` continues or starts; None for a format without a
-        conversation (completions, embeddings). Conversations of different formats or different
-        clients never share a session, however alike they start."""
+    def claim(
+        self,
+        dialect: Dialect,
+        body: dict[str, Any],
+        client: str | None = None,
+        *,
+        peer: str | None = None,
+        retry: bool = False,
+    ) -> Conversation | None:
+        """The conversation `body` continues or starts; None for a format without a conversation
+        (completions, embeddings). Conversations of different formats, clients or peers (`peer`: the
+        address of a caller not on this host) never share a session, however alike they start.
+        `retry`: the client says this request repeats one it sent before."""
         history = dialect.history(body)
         if not history:
             return None
         system = body.get(dialect.system_field) if dialect.system_field else None
-        start = _digest([dialect.name, client, system, history[0]])
+        start = _digest([dialect.name, client, peer, system, history[0]])
         tails = self._by_start.pop(start, [])
         self._by_start[start] = tails
         if len(self._by_start) > CONVERSATIONS_MAX:
             self._by_start.popitem(last=False)
+        size = len(history)
         last = _digest(history[-1])
         # Digests by position, each made once: a GRPO group's tails mostly end at the same position,
         # and a digest (a sorted JSON dump and a hash) is this rule's whole cost per request.
-        digests = {len(history) - 1: last}
-        # The longest tail this history continues, the first kept of equals: one pass, no sort.
-        best: _Tail | None = None
+        digests = {size - 1: last}
+        candidates: list[_Tail] = []
         for tail in tails:
-            if tail.length > len(history) or (best is not None and tail.length <= best.length):
+            # The same history again is another sample, unless it retries.
+            if tail.length > size or (tail.length == size and not (retry or tail.failed)):
                 continue
             at = tail.length - 1
             digest = digests.get(at)
             if digest is None:
                 digest = digests[at] = _digest(history[at])
             if digest == tail.last:
-                best = tail
+                candidates.append(tail)
+        best = candidates[0] if len(candidates) == 1 else _best(candidates, history) if candidates else None
         if best is not None:
-            best.length, best.last = len(history), last
-            return best.session
+            if best.length < size:
+                best.length, best.last, best.ids, best.text = size, last, None, None
+            best.failed = False
+            return Conversation(best.session, best, size)
         # A name, not a credential: `random`'s generator (reseeded after fork) spares a getrandom
         # system call per new conversation.
-        session = f"{self._prefix}-{random.getrandbits(48):012x}"
-        tails.append(_Tail(session, len(history), last))
+        tail = _Tail(f"{self._prefix}-{random.getrandbits(48):012x}", size, last)
+        tails.append(tail)
         del tails[:-TAILS_PER_START]
-        return session
+        return Conversation(tail.session, tail, size)
+
+    def replied(self, conversation: Conversation, ok: bool, reply: dict[str, Any] | bytes | None) -> None:
+        """Note the answer to the request `conversation` was claimed for: its ids and text when it
+        succeeded (the next request of the conversation echoes them), else that it failed (the same
+        request sent again retries it). Nothing when the conversation has moved on since."""
+        tail = conversation._tail
+        if tail.length != conversation._length:
+            return
+        tail.failed = not ok
+        if ok:
+            tail.ids, tail.text = _marks(_parsed(reply))
+
+
+def _best(candidates: list[_Tail], history: list[Any]) -> _Tail:
+    """The candidate whose reply the history echoes right after its end, then the longest, then one
+    whose request failed (a retry repeats it); the newest of equals."""
+    echoes: dict[int, tuple[frozenset[str], str | None]] = {}
+    best, best_key = candidates[0], (-2, -1, False)
+    for tail in candidates:
+        echo = None
+        if tail.length < len(history):
+            echo = echoes.get(tail.length)
+            if echo is None:
+                echo = echoes[tail.length] = _marks(history[tail.length])
+        key = (_echo_score(tail, echo), tail.length, tail.failed)
+        if key >= best_key:
+            best, best_key = tail, key
+    return best
+
+
+def _echo_score(tail: _Tail, echo: tuple[frozenset[str], str | None] | None) -> int:
+    """How surely the message after a tail's end echoes the tail's reply: 3 by ids and text, 2 by ids,
+    1 by text, 0 when it cannot be told (no reply noted yet, nothing to compare), -1 when it is
+    another reply."""
+    if echo is None or tail.ids is None:
+        return 0
+    ids, text = echo
+    by_ids = bool(ids and tail.ids)
+    by_text = bool(text and tail.text)
+    if not (by_ids or by_text):
+        return 0
+    hit = (2 if by_ids and not ids.isdisjoint(tail.ids) else 0) + (1 if by_text and text == tail.text else 0)
+    return hit or -1
+
+
+def _parsed(reply: dict[str, Any] | bytes | None) -> Any:
+    if isinstance(reply, bytes):
+        if len(reply) > REPLY_READ_MAX_BYTES:
+            return None
+        try:
+            return json.loads(reply)
+        except (ValueError, RecursionError):
+            return None
+    return reply
+
+
+def _marks(value: Any) -> tuple[frozenset[str], str | None]:
+    """The ids and the text (whitespace folded) a reply or a message holds, walked without recursion
+    (a body may be nested deep)."""
+    ids: list[str] = []
+    texts: list[str] = []
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if isinstance(item, str):
+                    if key in _ID_KEYS and len(ids) < IDS_PER_REPLY:
+                        ids.append(item)
+                    elif key in _TEXT_KEYS:
+                        texts.append(item)
+                elif isinstance(item, (dict, list)):
+                    stack.append(item)
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    text = " ".join(" ".join(texts).split())
+    return frozenset(ids), text or None
 
 
 def _digest(value: Any) -> str:

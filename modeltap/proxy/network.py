@@ -23,13 +23,16 @@ _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def is_loopback(host: str) -> bool:
-    """True when `host` is reachable only from this machine."""
+    """True when `host` is reachable only from this machine: a bind address, or a peer's (an IPv4
+    peer of a dual-stack socket is seen as `::ffff:127.0.0.1`)."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
 
 
 def is_wildcard(host: str) -> bool:
