@@ -30,6 +30,7 @@ from modeltap.proxy.naming import SESSION_HINTS
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.proxy.sessions import Session
 from modeltap.records.reader import StoreReader
+from tests.agents import arun_agent, codex_command
 from tests.factories import ASK, CONTROL_PATHS
 from tests.integration.conftest import records
 from tests.integration.test_proxy_sdks import anthropic_client, openai_client
@@ -670,3 +671,18 @@ async def test_concurrent_samples_of_one_prompt_are_one_session_each(
         if len(rows) == 2:  # each sample's second turn answers the tool call its own first got
             [call] = rows[0]["response"]["choices"][0]["message"]["tool_calls"]
             assert rows[1]["request"]["messages"][2]["tool_call_id"] == call["id"]
+
+
+@pytest.mark.agents
+async def test_codex_names_its_session_with_its_own_thread_id(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path
+) -> None:
+    """The real Codex CLI, without a token, from this host: its requests are one session, named by the
+    thread id it sends (as Claude Code's are by its own header)."""
+    async with make_proxy(upstream=vllm.url) as proxy:
+        run = await arun_agent(codex_command, proxy.host_base_url + "/v1", "k", tmp_path)
+    assert run.exit_code == 0, run.describe()
+    sent = {r.headers["thread-id"] for r in vllm.model_requests}
+    rows = records(store_path)
+    assert len(sent) == 1 and len(rows) == len(vllm.model_requests) >= 2
+    assert {r["session_id"] for r in rows} == sent
