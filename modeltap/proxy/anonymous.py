@@ -7,7 +7,8 @@ ended (the length of its history and its last message), and by what the reply to
 carried (its ids: tool calls, messages, reasoning items; and its text). A request continues the
 conversation whose history its own extends, holding that last message at that position; when several
 alike conversations could be continued (the samples of one prompt all start alike), the one whose
-reply the request echoes right after it is chosen, then the longest. A request that extends no
+reply the request echoes right after it is chosen, then the longest. A request chained to an earlier
+reply by its id (Responses' `previous_response_id`) continues that reply's. A request that extends no
 conversation starts a new one, and so does the very same request sent again (another sample of the
 prompt, the same script run again) unless it retries one that failed or says it is a retry
 (`x-stainless-retry-count`). Bounded: the oldest conversations are forgotten. Does not own: sessions
@@ -23,13 +24,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from modeltap.dialects.roles import Dialect
+from modeltap.dialects.roles import Dialect, ThroughChat
 
 # Conversations remembered: an agent fleet's worth; past it the oldest conversation's next request
 # starts a new session.
 CONVERSATIONS_MAX = 4096
 # Conversations kept per way of starting (a GRPO group's samples all start alike).
 TAILS_PER_START = 64
+# Replies remembered by the id a chained request names (Responses' `previous_response_id`).
+REPLY_IDS_MAX = 4 * CONVERSATIONS_MAX
 # A whole reply larger than this is not read for its ids (a reply carrying logprobs of every token can
 # be megabytes); its conversation is then told apart by position and length alone.
 REPLY_READ_MAX_BYTES = 1 << 20
@@ -55,11 +58,13 @@ class _Tail:
 
 @dataclass(slots=True)
 class Conversation:
-    """The conversation one request was named into: its session, and where to note the reply."""
+    """The conversation one request was named into: its session, and where to note the reply (with
+    the request, which says whether the reply may be chained to)."""
 
     session: str
     _tail: _Tail
     _length: int
+    _chain: tuple[ThroughChat, dict[str, Any], str] | None = None
 
 
 class AnonymousConversations:
@@ -68,6 +73,7 @@ class AnonymousConversations:
     def __init__(self, prefix: str = "anon") -> None:
         self._prefix = prefix
         self._by_start: OrderedDict[str, list[_Tail]] = OrderedDict()
+        self._by_reply: OrderedDict[str, _Tail] = OrderedDict()
 
     def claim(
         self,
@@ -82,6 +88,15 @@ class AnonymousConversations:
         (completions, embeddings). Conversations of different formats, clients or peers (`peer`: the
         address of a caller not on this host) never share a session, however alike they start.
         `retry`: the client says this request repeats one it sent before."""
+        chain = None
+        if isinstance(dialect, ThroughChat):
+            # A request chained to an earlier reply (Responses' previous_response_id) continues that
+            # reply's conversation: its history is only what it adds.
+            chain = (dialect, body, f"{client}\0{peer}\0")
+            previous = dialect.previous_id(body)
+            chained = self._by_reply.get(chain[2] + previous) if previous is not None else None
+            if chained is not None:
+                return Conversation(chained.session, chained, chained.length, chain)
         history = dialect.history(body)
         if not history:
             return None
@@ -112,13 +127,13 @@ class AnonymousConversations:
             if best.length < size:
                 best.length, best.last, best.ids, best.text = size, last, None, None
             best.failed = False
-            return Conversation(best.session, best, size)
+            return Conversation(best.session, best, size, chain)
         # A name, not a credential: `random`'s generator (reseeded after fork) spares a getrandom
         # system call per new conversation.
         tail = _Tail(f"{self._prefix}-{random.getrandbits(48):012x}", size, last)
         tails.append(tail)
         del tails[:-TAILS_PER_START]
-        return Conversation(tail.session, tail, size)
+        return Conversation(tail.session, tail, size, chain)
 
     def replied(self, conversation: Conversation, ok: bool, reply: dict[str, Any] | bytes | None) -> None:
         """Note the answer to the request `conversation` was claimed for: its ids and text when it
@@ -128,8 +143,18 @@ class AnonymousConversations:
         if tail.length != conversation._length:
             return
         tail.failed = not ok
-        if ok:
-            tail.ids, tail.text = _marks(_parsed(reply))
+        if not ok:
+            return
+        parsed = _parsed(reply)
+        tail.ids, tail.text = _marks(parsed)
+        if conversation._chain is not None and isinstance(parsed, dict):
+            dialect, request, scope = conversation._chain
+            reply_id = dialect.reply_id(request, parsed)
+            if reply_id is not None:
+                self._by_reply[scope + reply_id] = tail
+                self._by_reply.move_to_end(scope + reply_id)
+                if len(self._by_reply) > REPLY_IDS_MAX:
+                    self._by_reply.popitem(last=False)
 
 
 def _best(candidates: list[_Tail], history: list[Any]) -> _Tail:

@@ -686,3 +686,20 @@ async def test_codex_names_its_session_with_its_own_thread_id(
     rows = records(store_path)
     assert len(sent) == 1 and len(rows) == len(vllm.model_requests) >= 2
     assert {r["session_id"] for r in rows} == sent
+
+
+async def test_a_responses_conversation_chained_by_previous_response_id_is_one_session(
+    make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    """Anonymous, through a chat-only upstream (modeltap keeps the chain): the chained turn is served
+    from the first turn's session, and recorded in it."""
+    with OpenAILikeStandIn(chat_only=True) as chat_only:
+        async with (
+            make_proxy(upstream=chat_only.url) as proxy,
+            openai_client(proxy.host_base_url + "/v1") as oa,
+        ):
+            first = await oa.responses.create(model=DEFAULT_MODEL, input="Say hi")
+            await oa.responses.create(model=DEFAULT_MODEL, input="again", previous_response_id=first.id)
+    rows = records(store_path)
+    assert [r["status"] for r in rows] == [200, 200]
+    assert rows[0]["session_id"] == rows[1]["session_id"]

@@ -307,3 +307,24 @@ def test_a_group_of_samples_fits_in_what_is_kept_per_start() -> None:
         tracker.replied(first, True, chat_reply(tool_turn(f"call_{n}")[0]))
     for n in range(TAILS_PER_START):
         assert claim(tracker, [ASK, *tool_turn(f"call_{n}")]).session == firsts[n].session
+
+
+def test_a_request_chained_to_an_earlier_reply_continues_its_conversation() -> None:
+    tracker, responses = AnonymousConversations(), dialects.named("responses")
+    first = tracker.claim(responses, {"input": "Say hi"}, "sdk")
+    assert first is not None
+    tracker.replied(first, True, {"id": "resp_1", "object": "response", "output": []})
+    chained = {"input": "again", "previous_response_id": "resp_1"}
+    second = tracker.claim(responses, chained, "sdk")
+    assert second is not None and second.session == first.session
+    tracker.replied(second, True, {"id": "resp_2", "object": "response", "output": []})
+    third = tracker.claim(responses, {"input": "more", "previous_response_id": "resp_2"}, "sdk")
+    assert third is not None and third.session == first.session
+    # Another peer naming the id continues nothing of it; a reply kept with `store: false` is not chained.
+    elsewhere = tracker.claim(responses, chained, "sdk", peer="172.17.0.2")
+    assert elsewhere is not None and elsewhere.session != first.session
+    unkept = tracker.claim(responses, {"input": "x", "store": False}, "sdk")
+    assert unkept is not None
+    tracker.replied(unkept, True, {"id": "resp_3", "object": "response", "output": []})
+    after = tracker.claim(responses, {"input": "y", "previous_response_id": "resp_3"}, "sdk")
+    assert after is not None and after.session != unkept.session
