@@ -5,9 +5,9 @@ Owns: the rule. A conversation is known by how it starts (its format, its client
 from when that is not this host, its system prompt and first message), by where its last request
 ended (the length of its history and its last message), and by what the reply to that request
 carried (its ids: tool calls, messages, reasoning items; and its text). A request continues the
-conversation whose history its own extends, holding that last message at that position; when several
-alike conversations could be continued (the samples of one prompt all start alike), the one whose
-reply the request echoes right after it is chosen, then the longest. A request chained to an earlier
+conversation whose history its own extends the furthest, holding that last message at that position;
+when several alike conversations could be continued (the samples of one prompt all start alike), the
+one whose reply the request echoes right after it is chosen. A request chained to an earlier
 reply by its id (Responses' `previous_response_id`) continues that reply's. A request that extends no
 conversation starts a new one, and so does the very same request sent again (another sample of the
 prompt, the same script run again) unless it retries one that failed or says it is a retry
@@ -54,6 +54,8 @@ class _Tail:
     ids: frozenset[str] | None = None
     text: str | None = None
     failed: bool = False
+    # Whether another conversation ended alike, so that this one's reply is read for its marks.
+    wanted: bool = False
 
 
 @dataclass(slots=True)
@@ -92,11 +94,15 @@ class AnonymousConversations:
         if isinstance(dialect, ThroughChat):
             # A request chained to an earlier reply (Responses' previous_response_id) continues that
             # reply's conversation: its history is only what it adds.
-            chain = (dialect, body, f"{client}\0{peer}\0")
+            scope = f"{client}\0{peer}\0"
             previous = dialect.previous_id(body)
-            chained = self._by_reply.get(chain[2] + previous) if previous is not None else None
+            chained = self._by_reply.get(scope + previous) if previous is not None else None
             if chained is not None:
-                return Conversation(chained.session, chained, chained.length, chain)
+                return Conversation(chained.session, chained, chained.length, (dialect, body, scope))
+            # Whether a later request may chain to this one's reply (the format chains, and the
+            # request did not say `store: false`): only then is its id kept.
+            if dialect.reply_id(body, {"id": scope}) is not None:
+                chain = (dialect, body, scope)
         history = dialect.history(body)
         if not history:
             return None
@@ -111,42 +117,58 @@ class AnonymousConversations:
         # Digests by position, each made once: a GRPO group's tails mostly end at the same position,
         # and a digest (a sorted JSON dump and a hash) is this rule's whole cost per request.
         digests = {size - 1: last}
+        # The longest tails this history continues, in one pass (no sort).
         candidates: list[_Tail] = []
+        # Tails that ended where this request ends, as it ends: the same request again.
+        alike: list[_Tail] = []
         for tail in tails:
-            # The same history again is another sample, unless it retries.
-            if tail.length > size or (tail.length == size and not (retry or tail.failed)):
+            length = tail.length
+            if length > size or (candidates and length < candidates[0].length):
                 continue
-            at = tail.length - 1
+            at = length - 1
             digest = digests.get(at)
             if digest is None:
                 digest = digests[at] = _digest(history[at])
-            if digest == tail.last:
-                candidates.append(tail)
+            if digest != tail.last:
+                continue
+            if length == size:
+                alike.append(tail)
+                # The same request again is another sample, unless it retries.
+                if not (retry or tail.failed):
+                    continue
+            if candidates and length > candidates[0].length:
+                candidates.clear()
+            candidates.append(tail)
         best = candidates[0] if len(candidates) == 1 else _best(candidates, history) if candidates else None
-        if best is not None:
-            if best.length < size:
-                best.length, best.last, best.ids, best.text = size, last, None, None
-            best.failed = False
-            return Conversation(best.session, best, size, chain)
-        # A name, not a credential: `random`'s generator (reseeded after fork) spares a getrandom
-        # system call per new conversation.
-        tail = _Tail(f"{self._prefix}-{random.getrandbits(48):012x}", size, last)
-        tails.append(tail)
-        del tails[:-TAILS_PER_START]
-        return Conversation(tail.session, tail, size, chain)
+        if best is None:
+            # A name, not a credential: `random`'s generator (reseeded after fork) spares a getrandom
+            # system call per new conversation.
+            best = _Tail(f"{self._prefix}-{random.getrandbits(48):012x}", size, last)
+            tails.append(best)
+            del tails[:-TAILS_PER_START]
+        elif best.length < size:
+            best.length, best.last, best.ids, best.text, best.wanted = size, last, None, None, False
+        best.failed = False
+        # Alike conversations are told apart by what their replies carry, so those replies are read;
+        # a conversation with none alike never pays for it.
+        for tail in alike:
+            tail.wanted = best.wanted = True
+        return Conversation(best.session, best, size, chain)
 
     def replied(self, conversation: Conversation, ok: bool, reply: dict[str, Any] | bytes | None) -> None:
         """Note the answer to the request `conversation` was claimed for: its ids and text when it
-        succeeded (the next request of the conversation echoes them), else that it failed (the same
-        request sent again retries it). Nothing when the conversation has moved on since."""
+        succeeded and alike conversations are to be told apart (the next request of the conversation
+        echoes them), the id a later request may chain to, or else that it failed (the same request
+        sent again retries it). Nothing when the conversation has moved on since."""
         tail = conversation._tail
         if tail.length != conversation._length:
             return
         tail.failed = not ok
-        if not ok:
+        if not ok or not (tail.wanted or conversation._chain):
             return
         parsed = _parsed(reply)
-        tail.ids, tail.text = _marks(parsed)
+        if tail.wanted:
+            tail.ids, tail.text = _marks(parsed)
         if conversation._chain is not None and isinstance(parsed, dict):
             dialect, request, scope = conversation._chain
             reply_id = dialect.reply_id(request, parsed)
@@ -158,17 +180,13 @@ class AnonymousConversations:
 
 
 def _best(candidates: list[_Tail], history: list[Any]) -> _Tail:
-    """The candidate whose reply the history echoes right after its end, then the longest, then one
-    whose request failed (a retry repeats it); the newest of equals."""
-    echoes: dict[int, tuple[frozenset[str], str | None]] = {}
-    best, best_key = candidates[0], (-2, -1, False)
+    """Of alike candidates (all ending at one position), the one whose reply the history echoes right
+    after it, then one whose request failed (a retry repeats it); the newest of equals."""
+    at = candidates[0].length
+    echo = _marks(history[at]) if at < len(history) else None
+    best, best_key = candidates[0], (-2, False)
     for tail in candidates:
-        echo = None
-        if tail.length < len(history):
-            echo = echoes.get(tail.length)
-            if echo is None:
-                echo = echoes[tail.length] = _marks(history[tail.length])
-        key = (_echo_score(tail, echo), tail.length, tail.failed)
+        key = (_echo_score(tail, echo), tail.failed)
         if key >= best_key:
             best, best_key = tail, key
     return best

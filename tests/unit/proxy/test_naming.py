@@ -328,3 +328,15 @@ def test_a_request_chained_to_an_earlier_reply_continues_its_conversation() -> N
     tracker.replied(unkept, True, {"id": "resp_3", "object": "response", "output": []})
     after = tracker.claim(responses, {"input": "y", "previous_response_id": "resp_3"}, "sdk")
     assert after is not None and after.session != unkept.session
+
+
+def test_samples_started_one_after_another_are_told_apart_too() -> None:
+    """The first sample's reply came back before the second sample started: it was read for nothing
+    then (no conversation was alike), and the samples are still told apart."""
+    tracker = AnonymousConversations()
+    firsts = []
+    for n in range(3):
+        firsts.append(claim(tracker, [ASK]))
+        tracker.replied(firsts[n], True, chat_reply(tool_turn(f"call_{n}")[0]))
+    for n in (2, 0, 1):
+        assert claim(tracker, [ASK, *tool_turn(f"call_{n}")]).session == firsts[n].session
