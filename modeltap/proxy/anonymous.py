@@ -36,8 +36,10 @@ REPLY_IDS_MAX = 4 * CONVERSATIONS_MAX
 # A whole reply larger than this is not read for its ids (a reply carrying logprobs of every token can
 # be megabytes); its conversation is then told apart by position and length alone.
 REPLY_READ_MAX_BYTES = 1 << 20
-# Ids kept of one reply: every tool call of a parallel turn, with room to spare.
+# Ids kept of one reply: every tool call of a parallel turn, with room to spare; an id longer than
+# any engine mints is none.
 IDS_PER_REPLY = 64
+ID_MAX_CHARS = 256
 # The keys whose string values are a reply's ids and its text, in every format's reply and in the
 # assistant message that echoes it (chat's tool_calls[].id, Messages' tool_use.id, Responses' items'
 # id and call_id; content strings and text parts).
@@ -50,7 +52,8 @@ class _Tail:
     session: str
     length: int
     last: str
-    # What the reply to the request that ended here carried; None until it is noted.
+    # What the reply to the request that ended here carried (its ids, its text's digest); None until
+    # it is noted.
     ids: frozenset[str] | None = None
     text: str | None = None
     failed: bool = False
@@ -219,8 +222,8 @@ def _parsed(reply: dict[str, Any] | bytes | None) -> Any:
 
 
 def _marks(value: Any) -> tuple[frozenset[str], str | None]:
-    """The ids and the text (whitespace folded) a reply or a message holds, walked without recursion
-    (a body may be nested deep)."""
+    """The ids and the digest of the text (whitespace folded) a reply or a message holds, walked
+    without recursion (a body may be nested deep)."""
     ids: list[str] = []
     texts: list[str] = []
     stack = [value]
@@ -229,7 +232,7 @@ def _marks(value: Any) -> tuple[frozenset[str], str | None]:
         if isinstance(node, dict):
             for key, item in node.items():
                 if isinstance(item, str):
-                    if key in _ID_KEYS and len(ids) < IDS_PER_REPLY:
+                    if key in _ID_KEYS and len(ids) < IDS_PER_REPLY and len(item) <= ID_MAX_CHARS:
                         ids.append(item)
                     elif key in _TEXT_KEYS:
                         texts.append(item)
@@ -238,7 +241,8 @@ def _marks(value: Any) -> tuple[frozenset[str], str | None]:
         elif isinstance(node, list):
             stack.extend(reversed(node))
     text = " ".join(" ".join(texts).split())
-    return frozenset(ids), text or None
+    # A digest, not the text: a conversation is remembered long after its reply.
+    return frozenset(ids), hashlib.blake2b(text.encode(), digest_size=16).hexdigest() if text else None
 
 
 def _digest(value: Any) -> str:

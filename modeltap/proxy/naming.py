@@ -33,8 +33,8 @@ from modeltap.proxy.sessions import Session
 SESSION_HEADER = "x-modeltap-session"
 LABELS_HEADER = "x-modeltap-labels"
 # Session hints agents send on their own, in the order they are believed (docs/agents.md §9.2): Claude
-# Code's; Codex's `thread-id` (one conversation; a spawned sub-agent has its own) before its
-# `session-id`, and the `session_id` older Codex releases sent; opencode's generic `x-session-id`.
+# Code's; Codex's `thread-id` and `session-id` (one id in both from `codex exec`), and the `session_id`
+# older Codex releases sent; opencode's generic `x-session-id`.
 SESSION_HINTS = ("x-claude-code-session-id", "thread-id", "session-id", "session_id", "x-session-id")
 # Traffic that names no session and holds no conversation (legacy completions, embeddings).
 ANONYMOUS_SESSION = "anonymous"
