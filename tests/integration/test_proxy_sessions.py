@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -671,6 +672,46 @@ async def test_concurrent_samples_of_one_prompt_are_one_session_each(
         if len(rows) == 2:  # each sample's second turn answers the tool call its own first got
             [call] = rows[0]["response"]["choices"][0]["message"]["tool_calls"]
             assert rows[1]["request"]["messages"][2]["tool_call_id"] == call["id"]
+
+
+async def _messages_sample(client: anthropic.AsyncAnthropic) -> None:
+    ask: list[Any] = [{"role": "user", "content": "What is 6*7? Use bash."}]
+    tools: Any = [{"name": "bash", "input_schema": BASH["function"]["parameters"]}]
+    first = await client.messages.create(model=DEFAULT_MODEL, max_tokens=64, messages=ask, tools=tools)
+    [use] = [block for block in first.content if block.type == "tool_use"]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "42"}]}
+    history = [*ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]}, result]
+    await client.messages.create(model=DEFAULT_MODEL, max_tokens=64, messages=history, tools=tools)
+
+
+async def _responses_sample(client: openai.AsyncOpenAI) -> None:
+    """As Codex plays it: `store: false`, the whole history every turn, the call echoed with its ids."""
+    create: Any = client.responses.create
+    ask: list[Any] = [{"role": "user", "content": "What is 6*7? Use bash."}]
+    tools = [{"type": "function", "name": "bash", "parameters": BASH["function"]["parameters"]}]
+    first = await create(model=DEFAULT_MODEL, input=ask, tools=tools, store=False)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "42"}
+    history = [*ask, call.model_dump(exclude_none=True), output]
+    await create(model=DEFAULT_MODEL, input=history, tools=tools, store=False)
+
+
+@pytest.mark.parametrize("wire", ["messages", "responses"])
+async def test_concurrent_samples_are_one_session_each_in_every_format(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path, wire: str
+) -> None:
+    """pass@4 as above, through the anthropic SDK (Messages translated to chat) and as Codex sends
+    Responses: the reply each sample echoes is the one it got, in its own format."""
+    async with make_proxy(upstream=vllm.url) as proxy:
+        if wire == "messages":
+            async with anthropic_client(proxy.host_base_url) as an:
+                await asyncio.gather(*(_messages_sample(an) for _ in range(4)))
+        else:
+            async with openai_client(proxy.host_base_url + "/v1") as oa:
+                await asyncio.gather(*(_responses_sample(oa) for _ in range(4)))
+    rows = records(store_path)
+    assert all(r["status"] == 200 for r in rows) and len(rows) == 8
+    assert sorted(Counter(r["session_id"] for r in rows).values()) == [2, 2, 2, 2]
 
 
 @pytest.mark.agents
