@@ -59,6 +59,8 @@ class _Tail:
     failed: bool = False
     # Whether another conversation ended alike, so that this one's reply is read for its marks.
     wanted: bool = False
+    # Whether the request that ended here awaits its reply: no request can echo that reply yet.
+    pending: bool = True
 
 
 @dataclass(slots=True)
@@ -151,7 +153,7 @@ class AnonymousConversations:
             del tails[:-TAILS_PER_START]
         elif best.length < size:
             best.length, best.last, best.ids, best.text, best.wanted = size, last, None, None, False
-        best.failed = False
+        best.failed, best.pending = False, True
         # Alike conversations are told apart by what their replies carry, so those replies are read;
         # a conversation with none alike never pays for it.
         for tail in alike:
@@ -166,11 +168,11 @@ class AnonymousConversations:
         tail = conversation._tail
         if tail.length != conversation._length:
             return
-        tail.failed = not ok
+        tail.failed, tail.pending = not ok, False
         if not ok or not (tail.wanted or conversation._chain):
             return
         parsed = _parsed(reply)
-        if tail.wanted:
+        if tail.wanted and parsed is not None:
             tail.ids, tail.text = _marks(parsed)
         if conversation._chain is not None and isinstance(parsed, dict):
             dialect, request, scope = conversation._chain
@@ -197,17 +199,20 @@ def _best(candidates: list[_Tail], history: list[Any]) -> _Tail:
 
 def _echo_score(tail: _Tail, echo: tuple[frozenset[str], str | None] | None) -> int:
     """How surely the message after a tail's end echoes the tail's reply: 3 by ids and text, 2 by ids,
-    1 by text, 0 when it cannot be told (no reply noted yet, nothing to compare), -1 when it is
-    another reply."""
-    if echo is None or tail.ids is None:
+    1 by text; 0 when it cannot be told (the reply was not read, or the message holds nothing to
+    compare); -1 when it is another reply (what it holds is not in the tail's reply), or the tail's
+    reply has not come back yet."""
+    if echo is None:
+        return 0
+    if tail.pending:
+        return -1
+    if tail.ids is None:
         return 0
     ids, text = echo
-    by_ids = bool(ids and tail.ids)
-    by_text = bool(text and tail.text)
-    if not (by_ids or by_text):
-        return 0
-    hit = (2 if by_ids and not ids.isdisjoint(tail.ids) else 0) + (1 if by_text and text == tail.text else 0)
-    return hit or -1
+    hit = (2 if not ids.isdisjoint(tail.ids) else 0) + (1 if text is not None and text == tail.text else 0)
+    # A reply's own id (chatcmpl-…) is never echoed, so ids on one side only tell nothing; a text
+    # the reply did not hold, or tool-call ids it did not mint, do.
+    return hit or (-1 if text is not None or (ids and tail.ids) else 0)
 
 
 def _parsed(reply: dict[str, Any] | bytes | None) -> Any:

@@ -340,3 +340,46 @@ def test_samples_started_one_after_another_are_told_apart_too() -> None:
         tracker.replied(firsts[n], True, chat_reply(tool_turn(f"call_{n}")[0]))
     for n in (2, 0, 1):
         assert claim(tracker, [ASK, *tool_turn(f"call_{n}")]).session == firsts[n].session
+
+
+@st.composite
+def _interleavings(draw: st.DrawFn) -> tuple[list[int], list[bool], int]:
+    """k samples of `turns` requests each, every request a claim then its reply, merged in any order
+    that keeps each sample's own order; whether each sample's replies are tool calls or text."""
+    k, turns = draw(st.integers(1, 6)), draw(st.integers(1, 4))
+    left = [2 * turns] * k
+    order = []
+    while any(left):
+        sample = draw(st.sampled_from([n for n in range(k) if left[n]]))
+        order.append(sample)
+        left[sample] -= 1
+    return order, draw(st.lists(st.booleans(), min_size=k, max_size=k)), turns
+
+
+@settings(max_examples=300, deadline=None)
+@given(_interleavings())
+def test_samples_of_one_prompt_in_any_interleaving_are_one_session_each(
+    plan: tuple[list[int], list[bool], int],
+) -> None:
+    order, by_tools, _ = plan
+    tracker = AnonymousConversations()
+    history: dict[int, list[Any]] = {n: [SYSTEM, ASK] for n in set(order)}
+    pending: dict[int, Conversation] = {}
+    sessions: dict[int, set[str]] = {n: set() for n in history}
+    step: dict[int, int] = dict.fromkeys(history, 0)
+    for sample in order:
+        if sample not in pending:
+            pending[sample] = claim(tracker, history[sample])
+            sessions[sample].add(pending[sample].session)
+            continue
+        turn = step[sample] = step[sample] + 1
+        if by_tools[sample]:
+            call, result = tool_turn(f"call_{sample}_{turn}")
+            tracker.replied(pending.pop(sample), True, chat_reply(call))
+            history[sample] = [*history[sample], call, result]
+        else:
+            said = {"role": "assistant", "content": f"answer {sample}.{turn}"}
+            tracker.replied(pending.pop(sample), True, chat_reply(said))
+            history[sample] = [*history[sample], said, {"role": "user", "content": "go on"}]
+    assert all(len(names) == 1 for names in sessions.values()), sessions
+    assert len({next(iter(names)) for names in sessions.values()}) == len(sessions)
