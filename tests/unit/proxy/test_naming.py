@@ -5,6 +5,7 @@ among them."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -13,7 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from modeltap import dialects
-from modeltap.proxy.anonymous import TAILS_PER_START, AnonymousConversations, Conversation
+from modeltap.proxy.anonymous import (
+    REPLY_READ_MAX_BYTES,
+    TAILS_PER_START,
+    AnonymousConversations,
+    Conversation,
+)
 from modeltap.proxy.naming import (
     ANONYMOUS_SESSION,
     LABELS_HEADER,
@@ -383,3 +389,13 @@ def test_samples_of_one_prompt_in_any_interleaving_are_one_session_each(
             history[sample] = [*history[sample], said, {"role": "user", "content": "go on"}]
     assert all(len(names) == 1 for names in sessions.values()), sessions
     assert len({next(iter(names)) for names in sessions.values()}) == len(sessions)
+
+
+def test_a_reply_too_large_to_read_leaves_its_conversation_untold_not_lost() -> None:
+    tracker = AnonymousConversations()
+    big, small = claim(tracker, [ASK]), claim(tracker, [ASK])
+    padding = "x" * REPLY_READ_MAX_BYTES
+    tracker.replied(big, True, json.dumps(chat_reply(tool_turn("call_big")[0]) | {"pad": padding}).encode())
+    tracker.replied(small, True, chat_reply(tool_turn("call_small")[0]))
+    # The large reply was not read: its conversation cannot be told by it, but is not taken for another.
+    assert claim(tracker, [ASK, *tool_turn("call_big")]).session == big.session
