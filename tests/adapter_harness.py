@@ -20,15 +20,18 @@ import contextlib
 import importlib
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
+from modeltap.adapter import AgentWorkflow
 from tests.standins.script import Conversation, Reply, shell_arithmetic
 
+T = TypeVar("T")
 # AReaL's rollout client waits up to an hour for an episode (rollout.request_timeout, docs/areal.md §4.3).
 REQUEST_TIMEOUT_S = 3600.0
 # What the adapter must never run on the caller's thread (AReaL's event loop): each blocks it. Python
@@ -138,6 +141,95 @@ async def _episode(
         {"session_id": session_id, "discount": 1.0, "style": "individual"},
     )
     return Sample(index, reward, False, error, exported["interactions"])
+
+
+# How long a cancelled run may take to return. Only a hang exceeds it (the swept runs' own limit is
+# 600 s); what it takes is milliseconds for a local run, a container removal for a docker one.
+CANCEL_SETTLES_WITHIN_S = 15.0
+
+
+class CancelAt:
+    """Cancels the caller of a run at the run's k-th suspension, deterministically.
+
+    `drive(coro)` runs `coro` as its task would; when `coro` suspends for the k-th time, the caller's
+    task is cancelled on the caller's loop and `coro` is held at that await until the cancellation
+    has crossed back to the task; then what `coro` awaited is cancelled and CancelledError thrown in
+    there, as the task would have done. So the cancel lands at await point k whatever the threads'
+    timing; `reached` says whether the run had a k-th suspension at all.
+
+        cut = CancelAt(k)
+        monkeypatch.setattr(AgentWorkflow, "_play", cut.wrapping(AgentWorkflow._play))
+        caller = cut.aim(asyncio.ensure_future(workflow.run(...)))
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.suspensions = 0
+        self.reached = False
+        self._caller: asyncio.Future[Any] | None = None
+        self._caller_loop: asyncio.AbstractEventLoop | None = None
+
+    def aim(self, caller: asyncio.Future[T]) -> asyncio.Future[T]:
+        """The caller to cancel: a task on the running loop."""
+        self._caller, self._caller_loop = caller, asyncio.get_running_loop()
+        return caller
+
+    def wrapping(self, method: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
+        return lambda *args, **kwargs: self.drive(method(*args, **kwargs))
+
+    @types.coroutine
+    def drive(self, coro: Coroutine[Any, Any, Any]) -> Generator[Any, Any, Any]:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                awaited = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            self.suspensions += 1
+            value, error = None, None
+            if self.suspensions == self.k:
+                self.reached = True
+                assert self._caller is not None and self._caller_loop is not None, "aim() first"
+                self._caller_loop.call_soon_threadsafe(self._caller.cancel)
+                hold = asyncio.get_running_loop().create_future()
+                try:
+                    yield from hold  # only the caller's cancellation ends this
+                except asyncio.CancelledError as exc:
+                    if isinstance(awaited, asyncio.Future):
+                        awaited.cancel()
+                    error = exc
+                    continue
+                raise AssertionError("the held await resumed without a cancellation")
+            try:
+                value = yield awaited
+            except BaseException as exc:  # handed to `coro`, as the task would
+                error = exc
+
+
+async def cancel_at_every_await(
+    play: Callable[[], Awaitable[float]],
+    nothing_left: Callable[[int], Awaitable[None]],
+    monkeypatch: Any,
+) -> int:
+    """Cancel the caller of `play()` (a call of AgentWorkflow.run) at its run's first suspension, then
+    its second, and so on until a run ends before it is cut; after each cut, check the caller got the
+    CancelledError and `nothing_left(k)`. Returns how many await points were cut."""
+    original = AgentWorkflow._play
+    k = 0
+    while True:
+        k += 1
+        cut = CancelAt(k)
+        monkeypatch.setattr(AgentWorkflow, "_play", cut.wrapping(original))
+        caller = cut.aim(asyncio.ensure_future(play()))
+        done, _ = await asyncio.wait({caller}, timeout=CANCEL_SETTLES_WITHIN_S)
+        monkeypatch.setattr(AgentWorkflow, "_play", original)
+        assert done, f"cut at await {k}: the run had not returned {CANCEL_SETTLES_WITHIN_S} s after"
+        if not cut.reached:
+            assert caller.result() == 1.0
+            return k - 1
+        assert caller.cancelled(), f"cut at await {k}: {caller!r}"
+        await nothing_left(k)
 
 
 @contextlib.contextmanager

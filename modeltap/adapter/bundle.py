@@ -54,7 +54,7 @@ import string
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, cast
 
 AnswerKind = Literal["stdout", "opencode-json", "claude-json", "codex-json", "qwen-json", "file"]
@@ -114,9 +114,24 @@ class Endpoint:
     model: str | None = None
 
 
+def path_inside(path: str) -> tuple[str, ...] | None:
+    """The components of `path` as a path inside a directory, or None when it names no file there:
+    absolute, through "..", the directory itself, or holding a NUL. Lexical only: the sandboxes
+    refuse links on the way when they open it.
+
+    >>> path_inside("out/answer.txt"), path_inside("../../etc/hostname")
+    (('out', 'answer.txt'), None)
+    """
+    pure = PurePosixPath(path)
+    if "\0" in path or pure.is_absolute() or ".." in pure.parts or not pure.parts:
+        return None
+    return pure.parts
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """Where an agent's answer is read from: its stdout, its JSON event stream, or a file it writes."""
+    """Where an agent's answer is read from: its stdout, its JSON event stream, or a file it writes
+    (`path`, inside the agent's workdir: see path_inside)."""
 
     kind: AnswerKind
     path: str | None = None
@@ -295,6 +310,11 @@ def _answer(entry: _Entry) -> Answer:
     if isinstance(raw, str) and raw in ANSWER_KINDS:
         return Answer(raw)
     if isinstance(raw, dict) and set(raw) == {"file"} and isinstance(raw["file"], str) and raw["file"]:
+        if path_inside(raw["file"]) is None:
+            raise entry.error(
+                f"has answer = {{file = {raw['file']!r}}}; the answer file is a path inside the agent's "
+                'workdir: relative, without "..", e.g. {file = "answer.txt"}'
+            )
         return Answer("file", raw["file"])
     raise entry.error(f'has answer = {raw!r}; use one of {", ".join(ANSWER_KINDS)} or {{file = "PATH"}}')
 

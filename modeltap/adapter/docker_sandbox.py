@@ -31,15 +31,17 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-from modeltap.adapter.bundle import Mount
+from modeltap.adapter.bundle import Mount, path_inside
 from modeltap.adapter.sandbox import (
     MAX_FILE_BYTES,
+    BoundedOutput,
     Closing,
     ExecResult,
     SandboxError,
     SandboxSpec,
     decoded,
     in_thread,
+    unwinding,
 )
 from modeltap.proxy.tasks import finish
 
@@ -60,6 +62,13 @@ DOCKER_API_TIMEOUT_S = 60.0
 DOCKER_POOL_SIZE = 64
 # Where dockerd answers a path's stat (base64 JSON: name, size, mode, mtime, linkTarget).
 PATH_STAT_HEADER = "X-Docker-Container-Path-Stat"
+# The type bits of the stat's `mode`, a Go fs.FileMode: directory, symlink, named pipe, socket, device,
+# char device, irregular (https://pkg.go.dev/io/fs#FileMode). A regular file has none of them.
+GO_MODE_TYPE = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+# What a one-file tar archive adds to the file: its header (a PAX header too for a long name), the
+# padding to 512 bytes and the two zero blocks that end it.
+TAR_FRAMING_BYTES = 64 * 1024
+ARCHIVE_CHUNK_BYTES = 64 * 1024
 
 
 def _owner_id() -> str:
@@ -93,18 +102,22 @@ class DockerProvider(Closing):
 
     def __init__(self) -> None:
         self.owner = _owner_id()
-        self._client: docker.DockerClient | None = None
-        self._streams: docker.DockerClient | None = None
+        # One connection attempt shared by every caller: concurrent first runs would otherwise each
+        # connect, and a caller cancelled mid-connect would drop clients nobody then closes.
+        self._connecting: asyncio.Future[tuple[docker.DockerClient, docker.DockerClient]] | None = None
         self._prepared: set[str] = set()
         self._reaped = False
 
     async def _clients(self) -> tuple[docker.DockerClient, docker.DockerClient]:
-        if self._client is None or self._streams is None:
-            # Through locals: with the Optional attributes as targets, mypy takes the call's type from
-            # them and cannot narrow them.
-            client, streams = await in_thread("docker-connect", _connect)
-            self._client, self._streams = client, streams
-        return self._client, self._streams
+        if self._connecting is None:
+            self._connecting = in_thread("docker-connect", _connect)
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        except SandboxError:
+            if self._connecting is connecting:
+                self._connecting = None  # the next call tries again
+            raise
 
     async def prepare(self, images: Iterable[str]) -> None:
         """Check every image exists (pulling it if not), and reap strays once per process."""
@@ -128,7 +141,9 @@ class DockerProvider(Closing):
         try:
             container = await finish(in_thread("docker-create", _create, client, spec, labels))
         except asyncio.CancelledError:
-            await self.remove_run(spec.run_id)  # cancelled while creating: the new container is a stray
+            # Cancelled while creating: the new container is a stray. Removed to the end, however often
+            # the cancel is repeated meanwhile.
+            await unwinding(self.remove_run(spec.run_id))
             raise
         return DockerSandbox(client, streams, container, spec)
 
@@ -157,14 +172,20 @@ class DockerProvider(Closing):
 
     async def close(self) -> None:
         """Remove every container this process still owns and drop the daemon connections."""
-        if self._client is None or self._streams is None:
+        connecting, self._connecting = self._connecting, None
+        if connecting is None:
             return
-        found = await in_thread("docker-list", _list, self._client, {"label": f"{LABEL_OWNER}={self.owner}"})
-        for container in found:
-            await finish(in_thread("docker-remove", _remove, container))
-        self._client.close()
-        self._streams.close()
-        self._client = self._streams = None
+        try:
+            client, streams = await finish(connecting)
+        except SandboxError:
+            return  # never connected: nothing was made
+        try:
+            found = await in_thread("docker-list", _list, client, {"label": f"{LABEL_OWNER}={self.owner}"})
+            for container in found:
+                await finish(in_thread("docker-remove", _remove, container))
+        finally:
+            client.close()
+            streams.close()
 
 
 class DockerSandbox(Closing):
@@ -189,7 +210,10 @@ class DockerSandbox(Closing):
         started = time.monotonic()
         call = in_thread("docker-exec", _exec, self._streams, self._container.id, argv, env, self.workdir)
         try:
-            exit_code, stdout, stderr = await asyncio.wait_for(call, timeout_s)
+            # asyncio.timeout, not 3.11's wait_for: that one returns the result and drops a cancel that
+            # arrives as the call completes, and the cancelled run would then carry on.
+            async with asyncio.timeout(timeout_s):
+                exit_code, stdout, stderr = await call
         except TimeoutError:
             exit_code, stdout, stderr = None, "", ""
         result = ExecResult(tuple(argv), exit_code, stdout, stderr, time.monotonic() - started)
@@ -197,8 +221,13 @@ class DockerSandbox(Closing):
         return result
 
     async def read_file(self, path: str) -> bytes | None:
-        """The file at `path` (relative to the workdir), or None if it does not exist."""
-        full = str(PurePosixPath(self.workdir, path))
+        """The regular file at `path` inside the workdir, or None if there is none. A path that
+        leaves the workdir, or names a link, a directory, a FIFO or a device, is a SandboxError.
+        (dockerd resolves links on the way within the container's root, docs/docker.md §1.)"""
+        parts = path_inside(path)
+        if parts is None:
+            raise SandboxError(f"answer file {path!r} is not a path inside the workdir")
+        full = str(PurePosixPath(self.workdir, *parts))
         return await in_thread("docker-read", _read_file, self._container, full)
 
     async def close(self) -> None:
@@ -206,10 +235,13 @@ class DockerSandbox(Closing):
         if self._closed:
             return
         self._closed = True
-        container_logs = await finish(in_thread("docker-logs", _container_logs, self._container))
+        await unwinding(self._remove())  # a cancel between its steps must not skip the removal
+
+    async def _remove(self) -> None:
+        container_logs = await in_thread("docker-logs", _container_logs, self._container)
         if container_logs:
             self.logs.append(f"--- container output ---\n{container_logs}")
-        await finish(in_thread("docker-remove", _remove, self._container))
+        await in_thread("docker-remove", _remove, self._container)
 
 
 # The blocking halves of the calls above. Each runs in its own thread; docker SDK errors stop here.
@@ -278,40 +310,72 @@ def _create(client: docker.DockerClient, spec: SandboxSpec, labels: dict[str, st
 def _exec(
     client: docker.DockerClient, container_id: str, argv: Sequence[str], env: Mapping[str, str], workdir: str
 ) -> tuple[int, str, str]:
+    """Run one exec to its end, its output kept within BoundedOutput's bound (docs/docker.md §2)."""
+    streams = {"stdout": BoundedOutput(), "stderr": BoundedOutput()}
     try:
         created = client.api.exec_create(container_id, list(argv), environment=dict(env), workdir=workdir)
-        stdout, stderr = client.api.exec_start(created["Id"], demux=True)
+        frames = client.api.exec_start(created["Id"], stream=True, demux=True)
+        try:
+            for stdout, stderr in frames:
+                if stdout:
+                    streams["stdout"].write(stdout)
+                if stderr:
+                    streams["stderr"].write(stderr)
+        finally:
+            frames.close()
         exit_code = client.api.exec_inspect(created["Id"])["ExitCode"]
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise SandboxError(f"command {list(argv)[:3]}… could not run in the container: {exc}") from exc
-    return exit_code, decoded(stdout), decoded(stderr)
+    return exit_code, streams["stdout"].text(), streams["stderr"].text()
 
 
 def _read_file(container: Any, path: str) -> bytes | None:
-    size = _file_size(container, path)
-    if size is None:
+    stat = _path_stat(container, path)
+    if stat is None:
         return None
+    mode, size = int(stat["mode"]), int(stat["size"])
+    if mode & GO_MODE_TYPE:
+        raise SandboxError(f"{path} is not a regular file (Go file mode {mode:#x}: docs/docker.md §1)")
     if size > MAX_FILE_BYTES:
         raise SandboxError(f"{path} is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for answers")
-    try:
-        chunks, _ = container.get_archive(path)
-    except docker.errors.NotFound:
+    archive = _archive(container, path)
+    if archive is None:
         return None
-    except docker.errors.DockerException as exc:
-        raise SandboxError(f"cannot read {path} from the container: {exc}") from exc
-    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as archive:
-        member = archive.next()
-        extracted = archive.extractfile(member) if member is not None else None
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.next()
+        if member is None or not member.isreg() or member.size > MAX_FILE_BYTES:
+            raise SandboxError(f"{path} changed while it was read: it is no regular file within the limit")
+        extracted = tar.extractfile(member)
         return extracted.read() if extracted is not None else None
 
 
-def _file_size(container: Any, path: str) -> int | None:
-    """The size of `path` in the container, None when it does not exist. Asked of the Engine API's
-    HEAD on the archive route, which answers the path's stat in a header and streams nothing: an
-    archive stream the SDK opened and nobody read holds the container, and its removal then waits out
-    the API timeout (docs/docker.md §1)."""
-    api = container.client.api
-    url = f"{api.base_url}/v{api.api_version}/containers/{container.id}/archive"
+def _archive(container: Any, path: str) -> bytes | None:
+    """The tar archive of `path`, read within MAX_FILE_BYTES and the tar framing; None when it does
+    not exist. Read from the Engine API directly, not Container.get_archive, so the stream is closed
+    whatever happens (a stream left open holds the container: docs/docker.md §1), and a path that
+    grew or became a directory since its stat was asked cannot make the read unbounded."""
+    api, url = container.client.api, _archive_url(container)
+    try:
+        with api.get(url, params={"path": path}, stream=True, timeout=DOCKER_API_TIMEOUT_S) as answer:
+            if answer.status_code == 404:
+                return None
+            if not answer.ok:
+                raise _unreadable(path, answer.status_code)
+            body = bytearray()
+            for chunk in answer.iter_content(ARCHIVE_CHUNK_BYTES):
+                body += chunk
+                if len(body) > MAX_FILE_BYTES + TAR_FRAMING_BYTES:
+                    raise SandboxError(f"{path} changed while it was read: over the limit for answers")
+    except requests.exceptions.RequestException as exc:
+        raise SandboxError(f"cannot read {path} from the container: {exc}") from exc
+    return bytes(body)
+
+
+def _path_stat(container: Any, path: str) -> dict[str, Any] | None:
+    """The stat of `path` in the container (name, size, mode, mtime, linkTarget), None when it does
+    not exist. Asked of the Engine API's HEAD on the archive route, which answers it in a header and
+    streams nothing (docs/docker.md §1)."""
+    api, url = container.client.api, _archive_url(container)
     try:
         answer = api.head(url, params={"path": path}, timeout=DOCKER_API_TIMEOUT_S)
     except requests.exceptions.RequestException as exc:
@@ -320,8 +384,18 @@ def _file_size(container: Any, path: str) -> int | None:
         return None
     stat = answer.headers.get(PATH_STAT_HEADER)
     if not answer.ok or stat is None:
-        raise SandboxError(f"cannot read {path} from the container: dockerd answered {answer.status_code}")
-    return int(json.loads(base64.b64decode(stat))["size"])
+        raise _unreadable(path, answer.status_code)
+    decoded_stat: dict[str, Any] = json.loads(base64.b64decode(stat))
+    return decoded_stat
+
+
+def _archive_url(container: Any) -> str:
+    api = container.client.api
+    return f"{api.base_url}/v{api.api_version}/containers/{container.id}/archive"
+
+
+def _unreadable(path: str, status: int) -> SandboxError:
+    return SandboxError(f"cannot read {path} from the container: dockerd answered {status}")
 
 
 def _container_logs(container: Any) -> str:

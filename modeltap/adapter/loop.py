@@ -10,7 +10,9 @@ every submit (docs/areal.md §3.3), so nothing that must live across runs
 loop; and docker, SQLite and scoring must never block AReaL's loop.
 
 Cancellation: when the awaiting coroutine is cancelled, the work here is cancelled too, and the
-CancelledError leaves `run()` only after that work has finished unwinding (its containers removed).
+CancelledError leaves `run()` only after that work has finished unwinding (its containers removed),
+also when the cancel comes before the work's first step. When `stop()` cancels the work instead (at
+shutdown), the caller gets a RuntimeError saying so.
 
     result = await background().run(play(task), name="run:t1")      # from any other loop
     proxy = await background().shared(("proxy", key), start_proxy, stop_proxy)   # on the loop
@@ -91,15 +93,29 @@ class BackgroundLoop:
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
         tasks = cast(Tasks, self._tasks)
         spawned: list[asyncio.Task[None]] = []
-        loop.call_soon_threadsafe(lambda: spawned.append(tasks.spawn(_deliver(coro, done), name)))
+
+        def start() -> None:
+            task = tasks.spawn(_deliver(coro, done), name)
+            task.add_done_callback(lambda _: _abandoned(coro, done))
+            spawned.append(task)
+
+        loop.call_soon_threadsafe(start)
         waiter = asyncio.wrap_future(done)
         try:
             return await asyncio.shield(waiter)
         except asyncio.CancelledError:
             if done.done() and not done.cancelled():
                 raise  # the work had finished: nothing left to unwind
-        # call_soon_threadsafe runs callbacks in order, so the task exists when this one runs.
-        loop.call_soon_threadsafe(lambda: spawned[0].cancel())
+            caller = asyncio.current_task()
+            if done.cancelled() and (caller is None or not caller.cancelling()):
+                # Nobody cancelled the caller: stop() cancelled the work, at shutdown.
+                raise RuntimeError(
+                    f"{name}: the adapter's background loop stopped while this ran (shutdown)"
+                ) from None
+        # call_soon_threadsafe runs callbacks in order, so the task exists when this one runs; a loop
+        # that has closed meanwhile has ended all its tasks.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(lambda: spawned[0].cancel())
         with contextlib.suppress(
             asyncio.CancelledError, Exception
         ):  # the caller asked to cancel: it gets one
@@ -181,6 +197,15 @@ async def _deliver(coro: Coroutine[Any, Any, T], done: concurrent.futures.Future
         done.set_exception(exc)
         return
     done.set_result(result)
+
+
+def _abandoned(coro: Coroutine[Any, Any, T], done: concurrent.futures.Future[T]) -> None:
+    """After the task that ran `_deliver` ended: if it was cancelled before its first step, the body
+    of `_deliver` never ran, so `coro` never started and `done` was never settled. Settle it here, or
+    the caller waits for it forever (AReaL cancels a run it has just submitted on pause and stop)."""
+    if not done.done():
+        coro.close()  # it never started: nothing to unwind, and no "never awaited" warning
+        done.cancel()
 
 
 _BACKGROUND = BackgroundLoop()

@@ -40,6 +40,9 @@ JUDGE_PROMPT = string.Template(
     "Rubric:\n${rubric}\n\nEnd your reply with one line `SCORE: x`, where x is a number from 0 to 1."
 )
 JUDGE_MAX_TOKENS = 1024
+# A judge's reply is one short completion. A body past this is something else (a file server at the
+# judge's URL, a wrong port) and is not read further: memory towards every peer is bounded.
+JUDGE_MAX_REPLY_BYTES = 4 * 1024 * 1024
 # The environment variable a command check reads the solver's answer from.
 ANSWER_VARIABLE = "MODELTAP_ANSWER"
 
@@ -257,7 +260,7 @@ def _result_answer(stdout: str) -> str | None:
     JSON array (docs/agents.md §4.1, §7.3)."""
     try:
         doc = json.loads(stdout)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     if isinstance(doc, list):
         doc = next((e for e in reversed(doc) if isinstance(e, dict) and e.get("type") == "result"), None)
@@ -271,7 +274,7 @@ def _codex_answer(stdout: str) -> str | None:
     for line in stdout.splitlines():
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             continue
         item = event.get("item") if isinstance(event, dict) else None
         if (
@@ -290,7 +293,7 @@ def _opencode_answer(stdout: str) -> str | None:
     for line in stdout.splitlines():
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             continue
         if not isinstance(event, dict):
             continue
@@ -334,6 +337,20 @@ async def _score(sandbox: Sandbox, plan: RunPlan, check: Check, answer: str | No
     return min(float(scores[-1]), 1.0)
 
 
+async def _bounded_text(response: aiohttp.ClientResponse, judge: Judge) -> str:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > JUDGE_MAX_REPLY_BYTES:
+            raise RunFailed(
+                f"judge {judge.name!r} answered more than {JUDGE_MAX_REPLY_BYTES} bytes, which no judge's "
+                "reply is; check its base_url"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
 # A judge's `api` -> (the format it speaks, what its base URL is joined with: OpenAI-style base URLs
 # end in /v1 already, Anthropic-style ones do not).
 _JUDGE_APIS = {"openai": ("chat", "/"), "anthropic": ("messages", "/v1/")}
@@ -352,11 +369,11 @@ async def _ask_judge(client: aiohttp.ClientSession, judge: Judge, prompt: str) -
     timeout = aiohttp.ClientTimeout(total=JUDGE_TIMEOUT_S)
     try:
         async with client.post(url, json=body, headers=headers, timeout=timeout) as r:
-            text = await r.text()
+            text = await _bounded_text(r, judge)
             if r.status != 200:
                 raise RunFailed(f"judge {judge.name!r} answered {r.status}: {text[:500]}")
             doc = json.loads(text)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as exc:  # RecursionError: "[[[…"
         raise RunFailed(f"judge {judge.name!r} at {url} failed: {exc!r}") from exc
     reply = dialect.read(doc)[1] if isinstance(doc, dict) else None
     if reply is None:

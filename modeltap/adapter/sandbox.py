@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from modeltap.adapter.bundle import Mount
+from modeltap.proxy.tasks import finish
 
 T = TypeVar("T")
 
@@ -34,6 +36,11 @@ DOCKER_INSTALL_HINT = "runner: docker needs the docker SDK: pip install 'modelta
 # Answers and files read back from a sandbox are text the checks compare; anything larger is not an
 # answer but a runaway log.
 MAX_FILE_BYTES = 8 * 1024 * 1024
+# What a command's output keeps of each stream: its head (what the command said it was doing) and its
+# tail (where the answer and the errors are). What falls between is counted and said, not kept: an
+# agent printing 40 MB must cost neither 40 MB of memory nor the work of joining it.
+OUTPUT_HEAD_BYTES = 64 * 1024
+OUTPUT_TAIL_BYTES = MAX_FILE_BYTES
 # What one command's output keeps in the run's log (its tail: the end is where errors are).
 MAX_LOG_CHARS_PER_STREAM = 4000
 
@@ -149,6 +156,75 @@ def in_thread(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asy
 
     threading.Thread(target=target, name=f"modeltap-{name}", daemon=True).start()
     return future
+
+
+class BoundedOutput:
+    """One stream of a command's output, written as it arrives and kept within a bound: its first
+    `head` bytes, its last `tail` bytes, and the count of those between. Each byte written is copied a
+    bounded number of times, so n bytes cost O(n) work, and at most `head + tail` bytes plus the
+    latest chunk are held at any time.
+
+        out = BoundedOutput()
+        for chunk in frames:
+            out.write(chunk)
+        out.text()  # the head, "[… N bytes of output dropped …]", the tail
+    """
+
+    def __init__(self, head: int = OUTPUT_HEAD_BYTES, tail: int = OUTPUT_TAIL_BYTES) -> None:
+        self._head_limit, self._tail_limit = head, tail
+        self._head = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_size = 0
+        self.total = 0
+        """Bytes written so far."""
+
+    def write(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self._head_limit - len(self._head)
+        if room > 0:
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk or not self._tail_limit:
+            return
+        self._tail.append(chunk)
+        self._tail_size += len(chunk)
+        while self._tail_size - len(self._tail[0]) >= self._tail_limit:
+            self._tail_size -= len(self._tail.popleft())
+
+    def skip(self, count: int) -> None:
+        """Count `count` bytes that follow the head and are never read (the middle of a file, which
+        is then read from where its tail starts). Only before anything past the head was written."""
+        if self._tail or len(self._head) < self._head_limit:
+            raise ValueError("skip() is for the bytes right after a full head")
+        self.total += count
+
+    @property
+    def held(self) -> int:
+        """Bytes held now: the head, and the chunks the tail is cut from."""
+        return len(self._head) + self._tail_size
+
+    @property
+    def dropped(self) -> int:
+        """Bytes written but not kept."""
+        return self.total - len(self._head) - min(self._tail_size, self._tail_limit)
+
+    def text(self) -> str:
+        """What was kept, as text; a line between head and tail says how much fell between them."""
+        tail = b"".join(self._tail)[-self._tail_limit :] if self._tail_limit else b""
+        if not self.dropped:
+            return decoded(bytes(self._head) + tail)
+        gap = f"\n[… {self.dropped} bytes of output dropped …]\n"
+        return decoded(bytes(self._head)) + gap + decoded(tail)
+
+
+async def unwinding(teardown: Coroutine[Any, Any, T]) -> T:
+    """Run `teardown` to its end even if the caller is cancelled meanwhile, then re-raise the cancel.
+
+    For a teardown of several steps: `finish()` around each step would let a cancel that arrives
+    during one skip the next (the container removal after its logs). The task running it is held by
+    this call, which does not return before the task ends.
+    """
+    return await finish(asyncio.ensure_future(teardown))
 
 
 def decoded(data: bytes | None) -> str:

@@ -104,7 +104,7 @@ def is_route_level_404(status: int, body: bytes) -> bool:
         return False
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python's parser reads
         return True
     if not isinstance(doc, dict):
         return True
@@ -192,7 +192,7 @@ def parse_error(status: int, body: bytes | str | Mapping[str, Any] | None) -> Er
     if isinstance(body, bytes | str):
         try:
             doc = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what Python's parser reads
             text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
             return ErrorInfo(status, text.strip(), None, None)
     if isinstance(doc, str):

@@ -167,10 +167,11 @@ class _MessageEvents:
         arguments = self._pieces.get((index, "input"))
         if arguments:
             # The concatenated partial_json is the tool input. If it does not parse (a stream cut
-            # short), the raw text is kept as the evidence.
+            # short, or nested deeper than the parser goes: a policy at its token limit writing
+            # `[[[[…`), the raw text is kept as the evidence.
             try:
                 block["input"] = json.loads(arguments)
-            except ValueError:
+            except (ValueError, RecursionError):
                 block["input"] = arguments
         return block
 
@@ -254,6 +255,33 @@ class Messages(AnthropicShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, 
     def completion_field(self, body: Any) -> str:
         return "max_tokens"
 
+    def check(self, body: dict[str, Any]) -> None:
+        """Beyond the history's objects: each message's role is text and its content text or a list
+        of blocks (objects; an assistant's may be text, as LiteLLM reads them), `system` is text or a
+        list, and `tools` a list of objects. Anthropic refuses the rest with a 400 too; a 500 would be
+        retried by Claude Code and the SDK."""
+        super().check(body)
+        for index, message in enumerate(dicts_in(body.get("messages"))):
+            where = f"messages[{index}]"
+            if not isinstance(message.get("role"), str):
+                raise ValueError(f"{where}.role must be text, not {_kind(message.get('role'))}")
+            content = message.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise ValueError(f"{where}.content must be text or a list of blocks, not {_kind(content)}")
+            loose = str if message["role"] == "assistant" else dict
+            for number, block in enumerate(content if isinstance(content, list) else []):
+                if not isinstance(block, dict | loose):
+                    raise ValueError(f"{where}.content[{number}] must be an object, not {_kind(block)}")
+        system = body.get("system")
+        if system is not None and not isinstance(system, str | list):
+            raise ValueError(f"system must be text or a list of blocks, not {_kind(system)}")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError(f"tools must be a list of objects, not {_kind(tools)}")
+        for number, tool in enumerate(tools or []):
+            if not isinstance(tool, dict):
+                raise ValueError(f"tools[{number}] must be an object, not {_kind(tool)}")
+
     def prompt(self, body: dict[str, Any], *, openai_typed: bool = False) -> Prompt:
         """The chat messages and tools AReaL renders: LiteLLM's conversion, list content flattened."""
         messages, tools = to_chat(body)
@@ -269,7 +297,7 @@ class Messages(AnthropicShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, 
     def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
         """message_start, each content block, message_delta with the stop reason and output tokens,
         message_stop (Anthropic's event names, each with its `event:` line)."""
-        usage = dict(body.get("usage") or {})
+        usage = as_dict(body.get("usage"))
         opening = {
             **body,
             "content": [],
@@ -278,7 +306,7 @@ class Messages(AnthropicShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, 
             "usage": {**usage, "output_tokens": 0},
         }
         events = [named_event("message_start", {"message": opening})]
-        for index, block in enumerate(body.get("content") or []):
+        for index, block in enumerate(dicts_in(body.get("content"))):
             events += _block_events(index, block)
         stop = {"stop_reason": body.get("stop_reason"), "stop_sequence": body.get("stop_sequence")}
         output = {"output_tokens": usage.get("output_tokens", 0)}
@@ -437,6 +465,10 @@ def _with_mid_conversation_systems_converted(messages: list[Any]) -> list[Any]:
         out.extend(systems)
         i = end
     return out
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
 
 
 def _is_system(message: Any) -> bool:
@@ -731,6 +763,11 @@ class _MessagesFromChat:
             {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage}
         )
         return [*events, {"type": "message_stop"}]
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        """Anthropic's mid-stream error event (as it sends `overloaded_error`), which the anthropic SDK
+        raises as an API error."""
+        return [{"type": "error", "error": {"type": "api_error", "message": message}}]
 
     def _start(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if self._started:

@@ -116,7 +116,13 @@ class ChatTranslator(Protocol):
 
     def end(self) -> list[dict[str, Any]]:
         """The closing events, once the chat stream has ended; none when it ended before its finish
-        reason (the client then sees a stream cut short, as it was)."""
+        reason (then `fail` ends it)."""
+        ...
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        """The events that end the stream when the chat stream ended without its finish reason (or
+        was no chat stream): the format's own error, so the client's stream still ends in an event
+        its SDK reads, not in silence."""
         ...
 
 
@@ -164,6 +170,17 @@ def as_str(value: Any) -> str | None:
 
 def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def as_float(value: Any) -> float | None:
+    """A number as a float; None for what is not one, or an integer past a float's range (a JSON
+    number of 400 digits)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, str | None]:

@@ -106,6 +106,16 @@ def _chunk(
     return {**stamp, "choices": [piece]}
 
 
+def is_completion(body: dict[str, Any]) -> bool:
+    """Whether a chat JSON answer is a completion: its first choice holds a message object. A server
+    answering 200 with another object (a gateway's status page, `{}`) gave no answer to translate.
+
+    >>> is_completion({"choices": [{"message": {"content": "4"}}]}), is_completion({"detail": "ok"})
+    (True, False)
+    """
+    return isinstance(first_choice(body.get("choices")).get("message"), dict)
+
+
 def chunks(body: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     """A chat completion as the `chat.completion.chunk` objects that stream it (without `[DONE]`): per
     choice its role, reasoning, content, one chunk per tool call and the finish chunk, then a usage

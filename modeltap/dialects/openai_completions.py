@@ -152,7 +152,7 @@ class Completions(OpenAIShaped, TokenEndpoint, declines=(AsChat, ThroughChat, Co
     def synthesise(self, body: dict[str, Any], include_usage: bool) -> list[bytes]:
         stamp: dict[str, Any] = {k: body.get(k) for k in ("id", "created", "model") if k in body}
         stamp["object"] = "text_completion"
-        events = [data_event({**stamp, "choices": [choice]}) for choice in body.get("choices") or []]
+        events = [data_event({**stamp, "choices": [choice]}) for choice in list_of(body.get("choices"))]
         return [*events, *usage_event(stamp, body, include_usage), DONE_EVENT]
 
     def read(self, reply: dict[str, Any]) -> Reading:

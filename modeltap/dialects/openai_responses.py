@@ -143,7 +143,7 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = [
         {"type": "response.output_item.added", "output_index": index, "item": shell}
     ]
-    for part_index, part in enumerate(item.get("content") or [] if kind == "message" else []):
+    for part_index, part in enumerate(dicts_in(item.get("content")) if kind == "message" else []):
         where = {**at, "content_index": part_index}
         events.append({"type": "response.content_part.added", **where, "part": {**part, "text": ""}})
         if part.get("type") == "output_text":
@@ -222,10 +222,10 @@ class Responses(OpenAIShaped, ThroughChat, AsChat, declines=(ReturnsTokenIds, Co
             {"type": "response.created", "response": opening},
             {"type": "response.in_progress", "response": opening},
         ]
-        for index, item in enumerate(body.get("output") or []):
+        for index, item in enumerate(dicts_in(body.get("output"))):
             events += _item_events(index, item)
         final = {"failed": "response.failed", "incomplete": "response.incomplete"}.get(
-            body.get("status") or ""
+            as_str(body.get("status")) or ""
         )
         events.append({"type": final or "response.completed", "response": body})
         return [named_event(e.pop("type"), {**e, "sequence_number": n}) for n, e in enumerate(events)]
@@ -463,6 +463,15 @@ class _ResponseFromChat:
             return [*events, self._event("response.incomplete", response=response)]
         response["status"] = "completed"
         return [*events, self._event("response.completed", response=response)]
+
+    def fail(self, message: str) -> list[dict[str, Any]]:
+        """`response.failed` carrying the output so far and the error, the terminal event Codex and the
+        openai SDK read a failed response from."""
+        events = [*self._start({}), *self._done()]
+        response = self._response
+        response["output"], response["status"] = self._items, "failed"
+        response["error"] = {"code": "server_error", "message": message}
+        return [*events, self._event("response.failed", response=response)]
 
     def _start(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """created and in_progress, once. The response's id comes from the chat completion's, so the

@@ -238,6 +238,9 @@ class StreamAssembler:
             return
         try:
             obj = json.loads(event.data)
+        except RecursionError:
+            self._hold(f"event {self._events}: data nests deeper than JSON is read: {_quote(event.data)}")
+            return
         except ValueError:
             problem = "stream ended mid-event" if at_eof else "data is not JSON"
             self._hold(f"event {self._events}: {problem}: {_quote(event.data)}")

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from modeltap.dialects.base import as_dict, first_choice
+from modeltap.dialects.base import as_dict, as_float, first_choice
 from modeltap.dialects.sse import index_of, list_of
 
 TokenSource = Literal["served", "rendered", "built"]
@@ -125,7 +125,7 @@ def chat_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
     content = as_dict(choice.get("logprobs")).get("content")
     if not isinstance(content, list) or not content:
         return None
-    return [_number(entry.get("logprob")) if isinstance(entry, dict) else None for entry in content]
+    return [as_float(entry.get("logprob")) if isinstance(entry, dict) else None for entry in content]
 
 
 def completion_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
@@ -133,7 +133,7 @@ def completion_logprobs(choice: dict[str, Any]) -> list[float | None] | None:
     values = as_dict(choice.get("logprobs")).get("token_logprobs")
     if not isinstance(values, list) or not values:
         return None
-    return [_number(value) for value in values]
+    return [as_float(value) for value in values]
 
 
 def merge_chunk_ids(body: dict[str, Any], chunk: dict[str, Any], choices: dict[int, dict[str, Any]]) -> None:
@@ -194,10 +194,6 @@ def id_list(value: Any) -> list[int] | None:
     except (TypeError, OverflowError):
         return None
     return value if set(map(type, value)) <= _INT else None
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -23,10 +23,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from modeltap import dialects
-from modeltap.dialects.base import Summary, as_dict, as_int, as_str, dicts_in, text_of
+from modeltap.dialects.base import Summary, as_dict, as_float, as_int, as_str, dicts_in, text_of
 from modeltap.dialects.roles import AsChat, Dialect
 from modeltap.exporters import openinference
 from modeltap.records.exchange import BudgetRecord, Exchange
+from modeltap.records.jsontext import dumps, safe_text
 
 Value = str | bool | int | float | Sequence[str]
 """An attribute value as OpenTelemetry takes it (the kinds this mapping uses)."""
@@ -69,8 +70,8 @@ class Knobs:
         return cls(
             as_str(body.get("model")),
             as_int(body.get(cap)) if cap else None,
-            _number(body.get("temperature")),
-            _number(body.get("top_p")),
+            as_float(body.get("temperature")),
+            as_float(body.get("top_p")),
             stream if isinstance(stream, bool) else None,
         )
 
@@ -141,7 +142,8 @@ def span_name(dialect: Dialect, call: Call) -> str:
     """`{gen_ai.operation.name} {gen_ai.request.model}`; a call of no model is named by its format."""
     if dialect.operation is None:
         return call.endpoint or "unrouted"
-    return f"{dialect.operation} {call.knobs.model}" if call.knobs.model else dialect.operation
+    name = f"{dialect.operation} {call.knobs.model}" if call.knobs.model else dialect.operation
+    return safe_text(name) or ""
 
 
 def attributes(call: Call, *, content: bool) -> dict[str, Value]:
@@ -169,7 +171,25 @@ def attributes(call: Call, *, content: bool) -> dict[str, Value]:
     attrs |= {f"modeltap.label.{key}": str(value) for key, value in call.labels.items()}
     if content and isinstance(call.request, dict):
         attrs |= _content(dialect, call.request, reply, summary.finish_reason)
-    return {key: value for key, value in attrs.items() if value is not None}
+    return exportable(attrs)
+
+
+def exportable(attrs: Mapping[str, Value | None]) -> dict[str, Value]:
+    """The attributes OTLP can carry, each as it can: text with a lone surrogate as its escape (UTF-8
+    cannot encode it), and an integer past OTLP's signed 64 bits left out, like a None. One such value
+    would otherwise cost its attribute, or (in a span's name) the whole batch of spans sent with it."""
+    out: dict[str, Value] = {}
+    for key, value in attrs.items():
+        if isinstance(value, str):
+            out[safe_text(key) or ""] = safe_text(value) or ""
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if -(2**63) <= value < 2**63:
+                out[safe_text(key) or ""] = value
+        elif isinstance(value, list | tuple):
+            out[safe_text(key) or ""] = [safe_text(item) or "" for item in value]
+        elif value is not None:
+            out[safe_text(key) or ""] = value
+    return out
 
 
 def _model_call(
@@ -221,7 +241,9 @@ def budget_event(call: Call) -> dict[str, Value] | None:
     if not call.budget:
         return None
     values = {f"modeltap.budget.{key}": value for key, value in dataclasses.asdict(call.budget).items()}
-    return {key: value for key, value in values.items() if isinstance(value, str | bool | int | float)}
+    return exportable(
+        {key: value for key, value in values.items() if isinstance(value, str | bool | int | float)}
+    )
 
 
 def error_description(call: Call, *, content: bool) -> str | None:
@@ -230,7 +252,7 @@ def error_description(call: Call, *, content: bool) -> str | None:
     if call.error_class is None:
         return None
     message = call.error_message if content and call.error_message else None
-    return f"{call.error_class}: {_cut(message)}" if message else call.error_class
+    return safe_text(f"{call.error_class}: {_cut(message)}" if message else call.error_class)
 
 
 # -- content: messages in the conventions' JSON shapes -----------------------------------------------------
@@ -333,7 +355,7 @@ def _arguments(arguments: Any) -> Any:
     if len(arguments) <= CONTENT_TEXT_MAX_CHARS:
         try:
             parsed = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what Python's parser reads
             parsed = None
         if isinstance(parsed, dict):
             return parsed
@@ -349,7 +371,7 @@ def _cut(text: str) -> str:
 def _fit(items: list[dict[str, Any]]) -> tuple[str, int]:
     """`items` as a JSON array under CONTENT_ATTRIBUTE_MAX_CHARS, leaving out the first ones as needed,
     and how many were left out (always valid JSON, which a cut would not be)."""
-    texts = [json.dumps(item, ensure_ascii=False) for item in items]
+    texts = [dumps(item, compact=False) for item in items]
     size, start = sum(len(text) + 1 for text in texts) + 1, 0
     while size > CONTENT_ATTRIBUTE_MAX_CHARS and start < len(texts):
         size -= len(texts[start]) + 1
@@ -368,7 +390,3 @@ def _reply(response: Any) -> dict[str, Any]:
         except (ValueError, RecursionError):
             return {}
     return as_dict(response)
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

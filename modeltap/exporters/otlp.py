@@ -39,6 +39,7 @@ from modeltap.records.exchange import Exchange
 
 INSTALL_HINT = "OpenTelemetry export needs its optional packages: pip install 'modeltap[otlp]'"
 try:
+    import requests
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
@@ -65,6 +66,11 @@ BACKFILL_BATCH_SPANS = 512
 SHUTDOWN_TIMEOUT_S = 5.0
 # Losses are logged at most this often, and so are the exporter's own warnings (one per failed retry).
 REPORT_INTERVAL_S = 60.0
+# The most of a backend's answer that is read. OTLP/HTTP answers an export with an
+# ExportTraceServiceResponse of a few bytes (a partial success: a count and a message); a wrong
+# --otlp-endpoint (a file server) may answer 200 with anything, and 600 MB read whole took serve from
+# 52 MB to 1.27 GB.
+ANSWER_MAX_BYTES = 64 * 1024
 # The exporter's logger (opentelemetry-exporter-otlp-proto-http 1.45.2): the filter `_Quieter` sits on it.
 _EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
 _SCOPE = InstrumentationScope("modeltap", __version__)
@@ -90,6 +96,26 @@ def span_of(call: Call, resource: Resource, *, content: bool) -> ReadableSpan:
         end_time=_ns(call.ended if call.ended is not None else call.started),
         instrumentation_scope=_SCOPE,
     )
+
+
+class BoundedSession(requests.Session):
+    """The OTLP exporter's HTTP session: it reads at most ANSWER_MAX_BYTES of an answer and closes the
+    connection on the rest. The exporter reads only the status, the reason and, logging a failure,
+    the answer's text, so nothing it needs is lost."""
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        kwargs["stream"] = True  # not read whole by requests: read here, up to the bound
+        response = super().send(request, **kwargs)
+        try:
+            response._content = response.raw.read(ANSWER_MAX_BYTES, decode_content=True)
+        finally:
+            response.close()  # what is left unread is never read: the connection goes, not the pool
+        return response
+
+
+def exporter_for(endpoint: str) -> OTLPSpanExporter:
+    """The OTLP/HTTP span exporter modeltap sends with, to `endpoint`, reading bounded answers."""
+    return OTLPSpanExporter(endpoint=endpoint, session=BoundedSession())
 
 
 def _ns(seconds: float) -> int:
@@ -246,7 +272,7 @@ class OtlpExport:
 
     def start(self) -> None:
         """Start the batch processor's worker thread."""
-        self._mapper = _Mapper(OTLPSpanExporter(endpoint=self.endpoint), self.content, self.tally)
+        self._mapper = _Mapper(exporter_for(self.endpoint), self.content, self.tally)
         batch = CONTENT_BATCH_SPANS if self.content else None
         self._processor = BatchSpanProcessor(
             self._mapper, max_queue_size=self.capacity, max_export_batch_size=batch
@@ -307,7 +333,7 @@ def _shut_down(processor: SpanProcessor, stopped: Future[None]) -> None:
 def backfill(rows: Iterable[Mapping[str, Any]], endpoint: str, *, content: bool = False) -> int:
     """Send recorded exchanges (StoreReader rows with bodies) as spans with their original times, to
     `endpoint`; returns how many. Raises RuntimeError when the backend does not take a batch."""
-    exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
+    exporter: SpanExporter = exporter_for(endpoint)
     resource = _resource()
     sent: list[ReadableSpan] = []
     batch: list[ReadableSpan] = []

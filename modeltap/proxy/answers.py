@@ -22,12 +22,13 @@ from multidict import CIMultiDict
 
 from modeltap.compat.layouts import classify, parse_error
 from modeltap.dialects.openai_chat import DIALECT as CHAT
+from modeltap.dialects.openai_chat import is_completion
 from modeltap.dialects.roles import Streams
 from modeltap.proxy.errors import InternalError, ProxyError, UpstreamUnreachable, error_bytes
 from modeltap.proxy.headers import HOP_BY_HOP
 from modeltap.proxy.translate import Chained, PassThrough, Transforming, Translation, synthesised
 from modeltap.proxy.upstream import Reply, StreamedReply, WholeReply
-from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft
+from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, ExchangeDraft, text_body
 
 if TYPE_CHECKING:
     from modeltap.proxy.exact import ExactTranslation
@@ -123,13 +124,17 @@ async def relay_translated(
         return _translated_error(flow, translation, status, raw)
     try:
         chat = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         chat = None
+    # What the upstream said is kept, whatever it is: a gateway's HTML page answered 200 is the
+    # evidence of what went wrong.
+    draft.received = chat if isinstance(chat, dict) else text_body(raw)
     if not isinstance(chat, dict):
         raise UpstreamUnreachable(
             f"the upstream answered chat with {len(raw)} bytes that are not a JSON object"
         )
-    draft.received = chat
+    if not is_completion(chat):
+        raise UpstreamUnreachable("the upstream answered chat with a JSON object that is no completion")
     return await _translated_answer(flow, translation, chat)
 
 
@@ -182,7 +187,7 @@ async def relay_exact(
     try:
         answer = json.loads(reply.body)
         chat = exact.reply(answer)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise UpstreamUnreachable(
             f"the engine's answer to a token-in request holds no generated ids ({exc})"
         ) from None

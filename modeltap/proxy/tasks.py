@@ -59,14 +59,15 @@ async def finish(future: asyncio.Future[T]) -> T:
     on. `future` must have an owner that completes it (a thread, a task held by `Tasks`).
     """
     cancelled = False
-    while True:
+    while not future.done():
         try:
-            result = await asyncio.shield(future)
-            break
+            await asyncio.wait((future,))
         except asyncio.CancelledError:
-            if future.done():
-                raise
             cancelled = True
     if cancelled:
+        # The cancel wins over the future's own failure, which would otherwise swallow it (and a
+        # caller that handles that failure would carry on as if never cancelled).
+        if not future.cancelled():
+            future.exception()  # retrieved: its failure is not logged as unhandled
         raise asyncio.CancelledError
-    return result
+    return future.result()

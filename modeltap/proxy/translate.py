@@ -29,11 +29,20 @@ from modeltap.dialects.openai_chat import chunks
 from modeltap.dialects.roles import Streams, ThroughChat
 from modeltap.dialects.sse import Assembled, StreamAssembler
 from modeltap.proxy.errors import BadRequest
+from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, text_body
 
 # Translated Responses whose conversation modeltap keeps for a later `previous_response_id`, newest
-# kept, across sessions. Each holds its chat messages (an agent's transcript, up to a few MB); Codex
-# sends `store: false` and is never kept (docs/agents.md §6.4).
+# kept, across sessions: at most this many, and at most CHAINS_MAX_BYTES of them. Each holds its chat
+# messages (an agent's transcript, up to the request body limit, 64 MiB by default); Codex sends
+# `store: false` and is never kept (docs/agents.md §6.4). By count alone, 24 requests of 16 MB held
+# about 500 MB; the bytes bound keeps two conversations of the largest body accepted.
 CHAINS_MAX = 1024
+CHAINS_MAX_BYTES = 128 * 1024 * 1024
+# What one JSON value beside its text is counted as (a dict's, a number's overhead), so a conversation
+# of many small parts is not counted as nothing.
+_VALUE_BYTES = 16
+# What the client's stream ends in, and the record says, when the chat answer never finished.
+_CUT_SHORT = "the upstream's chat answer ended before its finish reason"
 
 
 class StreamTap(Protocol):
@@ -101,7 +110,9 @@ class TranslatedStream:
     """A chat upstream stream written to the client in its own format, each chunk's events as soon as
     the chunk arrives. The chat stream is assembled for the record (`received`); what the client got
     is rebuilt from it once, at the end (`result`), through the same translator, rather than assembled
-    event by event."""
+    event by event. A stream that ends without its finish reason (cut short, or no chat stream at all)
+    ends in the client's format's error (`ChatTranslator.fail`); one that held no chat chunk is
+    recorded as the start of its bytes."""
 
     transforms: Literal[True] = True
 
@@ -114,8 +125,11 @@ class TranslatedStream:
         self._events = 0
         self._ended = False
         self._complete = False
+        self._head = bytearray()  # the stream's first bytes, the record of one that held no chunk
 
     def relay(self, chunk: bytes) -> bytes:
+        if len(self._head) < RESPONSE_TEXT_MAX_CHARS:
+            self._head += chunk[: RESPONSE_TEXT_MAX_CHARS - len(self._head)]
         self._upstream.feed(chunk)
         return self._flush()
 
@@ -126,7 +140,7 @@ class TranslatedStream:
 
     def result(self) -> Assembled:
         upstream = self._upstream.result()
-        error = upstream.error if upstream.error is not None or self._complete else _cut_short(self._client)
+        error = upstream.error if upstream.error is not None or self._complete else _CUT_SHORT
         body = answer_from_chat(self._client, self._request, upstream.body) if upstream.body else None
         return Assembled(body, self._events, self._complete, error)
 
@@ -136,8 +150,10 @@ class TranslatedStream:
 
     @property
     def received(self) -> dict[str, Any] | None:
-        """The chat stream as it arrived, assembled (ends the upstream's side: ask once it has ended)."""
-        return self._upstream.result().body
+        """The chat stream as it arrived, assembled (ends the upstream's side: ask once it has ended);
+        the start of its bytes when they held no chat chunk."""
+        body = self._upstream.result().body
+        return body if body is not None or not self._head else text_body(bytes(self._head))
 
     def _take(self, chunk: dict[str, Any] | None) -> None:
         if chunk is None:
@@ -150,7 +166,7 @@ class TranslatedStream:
             self._ended = True
             closing = self._translator.end()
             self._complete = bool(closing)
-            self._write(closing)
+            self._write(closing or self._translator.fail(_CUT_SHORT))
 
     def _write(self, events: list[dict[str, Any]]) -> None:
         self._out.extend(self._client.event_bytes(event) for event in events)
@@ -202,13 +218,27 @@ def answer_from_chat(
 
 
 def _chat_events(client: ThroughChat, request: dict[str, Any], chat: dict[str, Any]) -> list[dict[str, Any]]:
+    """The client's events for a chat completion (or what a cut stream carried of one, which ends in
+    the format's error, as the client's stream did)."""
     translator = client.chat_translator(request)
     events = [event for chunk in chunks(chat, include_usage=True) for event in translator.feed(chunk)]
-    return events + translator.end()
+    return events + (translator.end() or translator.fail(_CUT_SHORT))
 
 
-def _cut_short(client: ThroughChat) -> str:
-    return f"the upstream's chat stream ended before its finish reason: no {client.assembler().END} written"
+def _finished(chat: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion answered whole: it has ended, so a choice naming no finish reason stopped."""
+    choices = chat.get("choices")
+    if not isinstance(choices, list):
+        return chat
+    return {
+        **chat,
+        "choices": [
+            {**choice, "finish_reason": "stop"}
+            if isinstance(choice, dict) and not isinstance(choice.get("finish_reason"), str)
+            else choice
+            for choice in choices
+        ],
+    }
 
 
 class Translation:
@@ -227,7 +257,7 @@ class Translation:
         self.request = request
         try:
             self.chat_body: dict[str, Any] = client.chat_request(request, earlier)
-        except (TypeError, KeyError, ValueError) as exc:
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:  # a part of the wrong shape
             raise BadRequest(f"this {client.name} request cannot be translated to chat: {exc}") from None
 
     @classmethod
@@ -242,7 +272,7 @@ class Translation:
             raise BadRequest(
                 f"previous_response_id {previous!r} names no response modeltap keeps for this session: the "
                 "upstream serves no Responses API, and modeltap keeps only translated responses stored "
-                f"(`store` not false), the last {chains.limit}",
+                f"(`store` not false), the last {chains.limit} up to {chains.max_bytes} bytes of them",
             )
         return cls(client, request, earlier)
 
@@ -258,14 +288,16 @@ class Translation:
         return answered, json.dumps(self.client.error_body(api)).encode(), info
 
     def reply(self, chat: dict[str, Any]) -> dict[str, Any] | None:
-        """The client's non-streamed answer to a chat completion (`answer_from_chat`)."""
-        return answer_from_chat(self.client, self.request, chat)
+        """The client's non-streamed answer to a chat completion (`answer_from_chat`); `chat` must be
+        one (`openai_chat.is_completion`)."""
+        return answer_from_chat(self.client, self.request, _finished(chat))
 
     def events(self, chat: dict[str, Any]) -> tuple[list[bytes], dict[str, Any] | None]:
-        """The client's stream of a chat completion the upstream answered whole, and its final body."""
+        """The client's stream of a chat completion the upstream answered whole, and its final body;
+        `chat` must be one (`openai_chat.is_completion`)."""
         assembler = self.client.assembler()
         out = []
-        for event in _chat_events(self.client, self.request, chat):
+        for event in _chat_events(self.client, self.request, _finished(chat)):
             assembler.add(event)
             out.append(self.client.event_bytes(event))
         return out, assembler.body()
@@ -290,25 +322,56 @@ class Translation:
 
 class ResponseChains:
     """The chat conversations of translated replies, by (session, reply id), for the requests that
-    continue them (`previous_response_id`); the newest CHAINS_MAX are kept. Owned by the proxy."""
+    continue them (`previous_response_id`): the newest `limit`, within `max_bytes` as `value_size`
+    counts them, the least recently used going first; a conversation larger than `max_bytes` alone is
+    not kept. `bytes` is what those kept count. Owned by the proxy."""
 
-    def __init__(self, limit: int = CHAINS_MAX) -> None:
+    def __init__(self, limit: int = CHAINS_MAX, max_bytes: int = CHAINS_MAX_BYTES) -> None:
         self.limit = limit
-        self._kept: collections.OrderedDict[tuple[str | None, str], list[dict[str, Any]]] = (
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._kept: collections.OrderedDict[tuple[str | None, str], tuple[list[dict[str, Any]], int]] = (
             collections.OrderedDict()
         )
 
     def get(self, session: str | None, reply_id: str) -> list[dict[str, Any]] | None:
-        messages = self._kept.get((session, reply_id))
-        if messages is not None:
-            self._kept.move_to_end((session, reply_id))
-        return messages
+        kept = self._kept.get((session, reply_id))
+        if kept is None:
+            return None
+        self._kept.move_to_end((session, reply_id))
+        return kept[0]
 
     def keep(self, session: str | None, reply_id: str, messages: Sequence[dict[str, Any]]) -> None:
-        self._kept[(session, reply_id)] = list(messages)
-        self._kept.move_to_end((session, reply_id))
-        while len(self._kept) > self.limit:
-            self._kept.popitem(last=False)
+        key = (session, reply_id)
+        old = self._kept.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        counted = value_size(messages)
+        if counted > self.max_bytes:
+            return
+        self._kept[key] = (list(messages), counted)
+        self.bytes += counted
+        while len(self._kept) > self.limit or self.bytes > self.max_bytes:
+            _, (_, dropped) = self._kept.popitem(last=False)
+            self.bytes -= dropped
+
+
+def value_size(value: Any) -> int:
+    """What a JSON value holds, counted as its text's characters plus _VALUE_BYTES per value: about the
+    memory it takes, never less than its text. Iterative, so a value nested thousands deep costs no
+    stack; a conversation of a few thousand parts takes well under a millisecond."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        total += _VALUE_BYTES
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(key) for key in item if isinstance(key, str))
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return total
 
 
 def synthesised(
@@ -319,7 +382,7 @@ def synthesised(
     when the answer is not a JSON object."""
     try:
         body = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(body, dict):
         return None

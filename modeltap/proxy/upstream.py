@@ -11,6 +11,7 @@ rewriting or relaying to the client (relay.py), or the translation itself (trans
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 # A route-level 404 body is a short FastAPI/aiohttp page; anything longer is not one worth parsing.
 ROUTE_404_MAX_BYTES = 64 * 1024
+# The most of an info route's answer read at discovery (`fetch_json`): a model list of a gateway that
+# serves hundreds of models is about a megabyte; a wrong upstream (a file server) may answer anything.
+INFO_MAX_BYTES = 8 * 1024 * 1024
 
 
 def map_client_error(exc: BaseException, url: str) -> ProxyError:
@@ -197,13 +201,14 @@ class Upstream:
         return self.base_url.removesuffix("/v1")
 
     async def fetch_json(self, path: str, headers: Mapping[str, str], timeout_s: float) -> Any:
-        """GET `root + path` as JSON, or None when it does not answer 200 with JSON in time.
-        Best effort, for discovery at start: any failure just means "not here"."""
+        """GET `root + path` as JSON, or None when it does not answer 200 with JSON of at most
+        INFO_MAX_BYTES in time. Best effort, for discovery at start: any failure just means "not here"."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             async with self._client.get(self.root + path, headers=headers, timeout=timeout) as response:
                 if response.status != 200:
                     return None
-                return await response.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+                raw = await response.content.read(INFO_MAX_BYTES + 1)
+                return json.loads(raw) if len(raw) <= INFO_MAX_BYTES else None
+        except (TimeoutError, aiohttp.ClientError, ValueError, RecursionError):
             return None

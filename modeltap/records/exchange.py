@@ -30,6 +30,12 @@ from modeltap.dialects.token_ids import TokenIds
 RESPONSE_TEXT_MAX_CHARS = 16 * 1024
 
 
+def text_body(raw: bytes) -> dict[str, str]:
+    """A body that is no JSON object, as a record keeps it: `{"text": …}`, the start of its text
+    (bytes that are not UTF-8 as surrogate escapes, which the store keeps losslessly)."""
+    return {"text": raw[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "surrogateescape")}
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetRecord:
     """What the budget decided for one exchange, as the record keeps it (no bodies): `action` "pass",

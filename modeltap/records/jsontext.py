@@ -1,8 +1,10 @@
-"""Text the records database can always store: JSON and text columns whatever a request held.
+"""Values the records database can always store: JSON, text and count columns whatever a request or
+an answer held.
 
 Owns: compact JSON that UTF-8 can always encode, and text column values likewise (a lone surrogate
-kept as its JSON escape); and JSON indented for a person (`pretty`). Does not own: where they are
-stored (store.py, rollups.py).
+kept as its JSON escape); count column values SQLite's 64-bit integers hold, sums included (`count`);
+and JSON indented for a person (`pretty`). Does not own: where they are stored (sql_writer.py,
+rollups.py, token_store.py).
 
     dumps({"content": "\\ud83d"})      # '{"content":"\\\\ud83d"}': lossless, and json.loads reads it back
 """
@@ -32,6 +34,18 @@ def safe_text(value: str | None) -> str | None:
     if value is None or value.isascii() or _encodes(value):
         return value
     return json.dumps(value)[1:-1]
+
+
+# The largest count a column takes. No prompt or completion has 2**32 tokens; and below it, any sum of
+# counts a reader or a rollup makes (a session's, a label group's) stays within SQLite's 64-bit
+# integers, which refuse a larger value (a bound Python int) or fail the whole query (SUM).
+COUNT_MAX = 2**32 - 1
+
+
+def count(value: int | None) -> int | None:
+    """A count column's value: `value` when it is a count (0 to COUNT_MAX), else None. The body the
+    count was read from is stored as it came, so nothing is lost to an upstream's `2**64`."""
+    return value if value is not None and 0 <= value <= COUNT_MAX else None
 
 
 def _encodes(text: str) -> bool:

@@ -30,14 +30,15 @@ import logging
 import sqlite3
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from modeltap import dialects
 from modeltap.dialects.token_ids import without_ids
 from modeltap.records import rollups, token_store
-from modeltap.records.exchange import RESPONSE_TEXT_MAX_CHARS, Exchange, SessionEvent
+from modeltap.records.exchange import Exchange, SessionEvent, text_body
+from modeltap.records.jsontext import count as _count
 from modeltap.records.jsontext import dumps as _dumps
 from modeltap.records.jsontext import safe_text as _safe_text
 from modeltap.records.references import NO_SESSION
@@ -196,8 +197,10 @@ class SqlWriter:
 
     def _write_minimal(self, conn: sqlite3.Connection, ex: Exchange, error: BaseException) -> None:
         """What can always be written of an exchange whose full record failed: its ids, times, status
-        and the failure, so that no served request goes unrecorded."""
+        and the failure, so that no served request goes unrecorded; and its bodies, each whole and
+        without shared blobs, unless that body is itself what cannot be stored (`_plain_bodies`)."""
         reason = f"the record could not be written in full: {type(error).__name__}: {error}"
+        bodies = _plain_bodies(ex)
         try:
             self._begin(conn)
             if ex.session_id is not None:
@@ -215,8 +218,9 @@ class SqlWriter:
                 tally.flush()
             conn.execute(
                 """INSERT OR IGNORE INTO exchanges (id, session_id, method, endpoint, path, status, streamed,
-                   started, first_byte, ended, error_class, error_message, client_disconnected)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   started, first_byte, ended, error_class, error_message, client_disconnected, request,
+                   sent, response, received)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (
                     ex.id,
                     _safe_text(ex.session_id),
@@ -231,6 +235,7 @@ class SqlWriter:
                     ex.error_class or RECORD_ERROR,
                     _safe_text(f"{ex.error_message}; {reason}" if ex.error_message else reason),
                     ex.client_disconnected,
+                    *bodies,
                 ),
             )
             conn.execute("COMMIT")
@@ -257,6 +262,9 @@ class SqlWriter:
         model = summary.model or (request.get("model") if isinstance(request, dict) else None)
         model = _safe_text(model if isinstance(model, str) else None)
         session = _safe_text(ex.session_id)
+        if session != ex.session_id:
+            ex = dataclasses.replace(ex, session_id=session)  # every table names the session alike
+        prompt_tokens, completion_tokens = _count(summary.prompt_tokens), _count(summary.completion_tokens)
         if session is not None:
             tally.session(session, ex.started, ex.labels)
             tally.exchange(
@@ -264,8 +272,8 @@ class SqlWriter:
                 started=ex.started,
                 ended=ex.ended,
                 model=model,
-                prompt=summary.prompt_tokens,
-                completion=summary.completion_tokens,
+                prompt=prompt_tokens,
+                completion=completion_tokens,
                 error=ex.error_class is not None,
             )
         self._refs = []
@@ -291,8 +299,8 @@ class SqlWriter:
                 _compress_json(stored) if stored is not None else _compress_text(response_text),
                 zlib.compress(ex.raw_sse) if self.keep_raw_sse and ex.raw_sse else None,
                 _safe_text(summary.finish_reason),
-                summary.prompt_tokens,
-                summary.completion_tokens,
+                prompt_tokens,
+                completion_tokens,
                 len(summary.tool_calls),
                 budget.prompt_tokens if budget is not None else None,
                 _dumps(dataclasses.asdict(budget)) if budget is not None else None,
@@ -374,6 +382,36 @@ class SqlWriter:
         return digest
 
 
+def _plain_bodies(ex: Exchange) -> tuple[bytes | None, bytes | None, bytes | None, bytes | None]:
+    """The request, sent, response and received columns of a minimal record: each body packed whole
+    (a request as a skeleton with no references, as the reader unpacks it), the request's bytes when
+    its parsed form cannot be, and None only for a body that cannot be stored at all."""
+    body = ex.request_json if ex.request_json is not None else _loads(ex.request)
+    request = _packed(lambda: _skeleton(body)) if isinstance(body, dict) else None
+    if request is None and ex.request:
+        raw = ex.request.decode("utf-8", "surrogateescape")
+        request = _packed(lambda: _compress_json({"raw": raw}))
+    sent_body = ex.sent
+    sent = _packed(lambda: _skeleton(sent_body)) if sent_body is not None else None
+    response, text = _response(ex)
+    answer = _packed(lambda: _compress_json(response) if response is not None else _compress_text(text))
+    received = _packed(lambda: _compress_json(ex.received)) if ex.received is not None else None
+    return request, sent, answer, received
+
+
+def _skeleton(body: dict[str, Any]) -> bytes:
+    """A request body packed as `_pack_request` packs one, with every field inline."""
+    return _compress_json({"body": body, "refs": {}, "order": list(body)})
+
+
+def _packed(pack: Callable[[], bytes | None]) -> bytes | None:
+    try:
+        return pack()
+    except Exception:  # boundary: one body that cannot be stored must not cost the others
+        log.exception("record store: a body of a minimal record could not be stored")
+        return None
+
+
 def _write_session(tally: rollups.Tally, event: SessionEvent) -> None:
     session = _safe_text(event.session_id) or ""
     tally.session(session, event.at, event.labels, _safe_text(event.upstream), opened=event.kind == "opened")
@@ -383,14 +421,14 @@ def _write_session(tally: rollups.Tally, event: SessionEvent) -> None:
         tally.outcome(session, event.outcome)
 
 
-def _response(ex: Exchange) -> tuple[dict[str, Any] | None, str | None]:
-    """The response for the record: its JSON object, or else the start of its text."""
+def _response(ex: Exchange) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """The response for the record: its JSON object, or else the start of its text (`text_body`)."""
     if ex.response is not None or ex.response_body is None:
         return ex.response, None
     parsed = _loads(ex.response_body)
     if isinstance(parsed, dict):
         return parsed, None
-    return None, ex.response_body[:RESPONSE_TEXT_MAX_CHARS].decode("utf-8", "surrogateescape")
+    return None, text_body(ex.response_body)
 
 
 def _loads(raw: bytes) -> Any:
@@ -404,5 +442,5 @@ def _compress_json(value: Any) -> bytes:
     return zlib.compress(_dumps(value).encode())
 
 
-def _compress_text(text: str | None) -> bytes | None:
-    return None if text is None else _compress_json({"text": text})
+def _compress_text(text: dict[str, str] | None) -> bytes | None:
+    return None if text is None else _compress_json(text)

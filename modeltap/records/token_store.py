@@ -48,6 +48,7 @@ from modeltap.records.continuity import (
     shared_messages,
     window,
 )
+from modeltap.records.jsontext import safe_text
 
 if TYPE_CHECKING:
     import sqlite3
@@ -208,7 +209,7 @@ class TokenWriter:
                 previous.exchange_id if previous is not None else None,
                 shared if previous is not None else None,
                 json.dumps(drift) if drift is not None else None,
-                ids.weight_version,
+                safe_text(ids.weight_version),
                 seed,
                 bytes(ids.mask) if ids.mask is not None else None,
             ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +14,12 @@ import docker
 import pytest
 from docker.models.containers import Container
 
-from modeltap.adapter import AgentWorkflow, RunFailed, task_rows
+from modeltap.adapter import AgentWorkflow, RunFailed, shutdown, task_rows
+from modeltap.adapter import workflow as workflow_module
 from modeltap.adapter.docker_sandbox import LABEL_RUN
+from modeltap.adapter.loop import background
 from modeltap.records.reader import StoreReader
-from tests.adapter_harness import blocking_calls_probe, run_samples
+from tests.adapter_harness import blocking_calls_probe, cancel_at_every_await, run_samples
 from tests.docker.conftest import ROOT
 from tests.docker.test_docker_sandbox import until
 from tests.standins.areal import ArealStandIn
@@ -117,6 +119,51 @@ async def test_cancelling_a_run_leaves_no_container_with_its_label(
         await run
     # At the moment run() re-raised: no container with the run's label, running or not.
     assert docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_label}"}) == []
+
+
+SWEPT_TASK = """
+timeout_s = 600
+[agents.lingering]
+image = "modeltap-hostroot:local"
+command = ["bash", "-c", "sleep 600 & echo 5 > answer.txt"]
+answer = {file = "answer.txt"}
+mounts = {usr = {source = "/usr", target = "/usr"}}
+
+[[tasks]]
+id = "swept"
+prompt = "anything"
+solver = "lingering"
+checks = [{exact = "5"}, {command = 'test "$MODELTAP_ANSWER" = 5'}]
+"""
+
+
+async def test_cancelling_a_docker_run_at_any_await_returns_and_leaves_nothing(
+    areal: ArealStandIn,
+    tmp_path: Path,
+    bridge_host: str,
+    hostroot_image: str,
+    own_containers: Callable[[], list[Container]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bundle = tmp_path / "swept.toml"
+    bundle.write_text(SWEPT_TASK)
+    workflow = AgentWorkflow(
+        bundle, runner="docker", proxy={"host": bridge_host, "store": str(tmp_path / "r.db")}
+    )
+
+    def play() -> Awaitable[float]:
+        session = areal.open_session("swept")
+        return workflow.run({"task_id": "swept"}, base_url=areal.url, api_key=session.api_key)
+
+    async def nothing_left(k: int) -> None:
+        left = await asyncio.to_thread(own_containers)
+        assert left == [], f"cut at await {k}: containers left: {[c.labels for c in left]}"
+        tap = await background().run(workflow_module._tap(workflow.proxy_config), "proxy")
+        assert len(tap.proxy.sessions) == 0, f"cut at await {k}: a proxy session is left open"
+        await asyncio.to_thread(shutdown)  # the next cut starts from a fresh process state
+
+    cuts = await cancel_at_every_await(play, nothing_left, monkeypatch)
+    assert cuts >= 8  # preparing, the proxy, the container, each command and read, its removal
 
 
 async def test_agent_override_plays_claude_code_through_the_anthropic_route(

@@ -8,13 +8,21 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 
+from modeltap.adapter import docker_sandbox
 from modeltap.adapter.bundle import Mount
 from modeltap.adapter.docker_sandbox import LABEL_OWNER, LABEL_RUN, DockerProvider
-from modeltap.adapter.sandbox import MAX_FILE_BYTES, SandboxError, SandboxSpec
+from modeltap.adapter.sandbox import (
+    MAX_FILE_BYTES,
+    OUTPUT_HEAD_BYTES,
+    OUTPUT_TAIL_BYTES,
+    SandboxError,
+    SandboxSpec,
+)
 
 USR = Mount("usr", Path("/usr"), "/usr")
 
@@ -164,4 +172,80 @@ async def test_failures_of_dockerd_are_sandbox_errors_naming_the_run_and_the_cau
         with pytest.raises(SandboxError, match=rf"big.bin is {MAX_FILE_BYTES + 1} bytes, over the"):
             await box.read_file("big.bin")
     await provider.remove_run("sbx-bigfile")  # after close: removing what is already gone is no error
+    await provider.close()
+
+
+async def test_a_command_s_huge_output_is_streamed_and_kept_bounded(
+    docker_client: docker.DockerClient, hostroot_image: str
+) -> None:
+    """docker-py's exec_start without stream= joins 40 MB by bytes concatenation and holds it all."""
+    provider = DockerProvider()
+    size = 40 * 1024 * 1024
+    async with await provider.open(SandboxSpec("sbx-bigout", hostroot_image, "/work", (USR,))) as box:
+        script = f"head -c {size} /dev/zero | tr '\\0' x; echo END; echo oops >&2"
+        result = await box.exec(["bash", "-c", script], {}, 120)
+    assert (result.exit_code, result.stderr) == (0, "oops\n")
+    dropped = size + 4 - OUTPUT_HEAD_BYTES - OUTPUT_TAIL_BYTES
+    head, gap, tail = result.stdout.partition(f"\n[… {dropped} bytes of output dropped …]\n")
+    assert gap and head == "x" * OUTPUT_HEAD_BYTES
+    assert tail == "x" * (OUTPUT_TAIL_BYTES - 4) + "END\n"
+    await provider.close()
+
+
+async def read_or_hang(box: Any, path: str) -> bytes | SandboxError | None:
+    reading = asyncio.ensure_future(box.read_file(path))
+    done, _ = await asyncio.wait({reading}, timeout=30.0)  # a hang detector, not a speed limit
+    assert done, f"reading the answer {path!r} blocked"
+    return reading.exception() if isinstance(reading.exception(), SandboxError) else reading.result()
+
+
+async def test_an_answer_file_is_a_regular_file_inside_the_workdir_or_refused(
+    docker_client: docker.DockerClient, hostroot_image: str
+) -> None:
+    provider = DockerProvider()
+    async with await provider.open(SandboxSpec("sbx-answers", hostroot_image, "/work", (USR,))) as box:
+        script = (
+            "mkdir sub && printf 'the answer' > answer.txt && printf inner > sub/inner.txt && mkfifo pipe"
+            " && ln -s /etc/hostname link && ln -s sub sublink && ln -s pipe tofifo"
+        )
+        made = await box.exec(["bash", "-c", script], {}, 30)
+        assert made.exit_code == 0, made.stderr
+        assert await read_or_hang(box, "answer.txt") == b"the answer"
+        assert await read_or_hang(box, "./sub//inner.txt") == b"inner"
+        # dockerd resolves a link on the way within the container's root (docs/docker.md §1)
+        assert await read_or_hang(box, "sublink/inner.txt") == b"inner"
+        assert await read_or_hang(box, "missing.txt") is None
+        for path, why in [
+            ("../../etc/hostname", "not a path inside the workdir"),
+            ("/etc/hostname", "not a path inside the workdir"),
+            ("link", "not a regular file"),
+            ("pipe", "not a regular file"),
+            ("tofifo", "not a regular file"),
+            ("sub", "not a regular file"),
+            (".", "not a path inside the workdir"),
+        ]:
+            refused = await read_or_hang(box, path)
+            assert isinstance(refused, SandboxError) and why in str(refused), (path, refused)
+    await provider.close()
+
+
+async def test_a_file_that_grew_after_its_stat_is_read_within_the_bound_and_its_stream_closed(
+    docker_client: docker.DockerClient, hostroot_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stat says small, the archive is large (a process still running rewrote it): the read stops
+    at the bound, and the archive stream it leaves is closed, so the container's removal does not wait
+    out the API timeout (docs/docker.md §1)."""
+    provider = DockerProvider()
+    box = await provider.open(SandboxSpec("sbx-grew", hostroot_image, "/work", (USR,)))
+    try:
+        made = await box.exec(["bash", "-c", f"head -c {MAX_FILE_BYTES + 200_000} /dev/zero > big"], {}, 30)
+        assert made.exit_code == 0
+        monkeypatch.setattr(docker_sandbox, "_path_stat", lambda container, path: {"mode": 0, "size": 1})
+        refused = await read_or_hang(box, "big")
+        assert isinstance(refused, SandboxError) and "changed while it was read" in str(refused)
+    finally:
+        closing = asyncio.ensure_future(box.close())
+        done, _ = await asyncio.wait({closing}, timeout=30.0)  # the API timeout is 60 s
+    assert done, "removing the container waited for the archive stream"
+    assert run_containers(docker_client, "sbx-grew") == []
     await provider.close()

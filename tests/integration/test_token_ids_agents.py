@@ -150,4 +150,9 @@ def test_claude_code_through_token_ids_gets_rendered_ids(
     with StoreReader(store) as reader:
         [session] = reader.sessions()
         rows = reader.token_turns(session["id"])
-    assert [row["source"] for row in rows] == ["rendered", "rendered"]
+    # Turn 2 echoes turn 1's tool call without its empty text block: AReaL's Anthropic adapter (litellm)
+    # makes that a chat message whose content is None, AReaL's client drops every None, and Qwen3's
+    # template then fails on the missing content in transformers as in modeltap's renderer. modeltap
+    # records that turn as asked for ids and holding none rather than ids AReaL would not have made.
+    assert [row["source"] for row in rows] == ["rendered", None]
+    assert [row["ask"] for row in rows] == ["rendered", "rendered"]

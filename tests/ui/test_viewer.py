@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.readers.ui import viewer_app
+from modeltap.records.store import RecordStore
 from tests.factories import ASK, BASH_TOOL
 from tests.standins import token_engine as te
 from tests.standins.openai_like import OpenAILikeStandIn
@@ -110,8 +111,11 @@ async def test_viewer_shows_a_session_its_tool_calls_and_errors_and_updates_live
 async def test_viewer_highlights_a_token_drift_with_both_sides_decoded(
     vllm_standin: OpenAILikeStandIn, store_path: Path, aiohttp_server: Callable[..., Any]
 ) -> None:
-    async with Proxy(_config(vllm_standin, store_path, sync=True, token_ids=True)) as proxy:
-        # The ids the vLLM stand-in serves are its toy tokenizer's: decode the break's sides with it.
+    # The record writer in this process, so the break's sides can be decoded with the toy tokenizer
+    # whose ids the vLLM stand-in serves.
+    config = _config(vllm_standin, store_path, sync=True, token_ids=True, record_writer="thread")
+    async with Proxy(config) as proxy:
+        assert isinstance(proxy.context.store, RecordStore)
         proxy.context.store.tokens.decoder = te.decode_each
         session = proxy.sessions.open()
         client = openai.AsyncOpenAI(base_url=session.host_base_url + "/v1", api_key="k", max_retries=0)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from modeltap.adapter.bundle import Answer, BundleError, Check, load_bundle
+from modeltap.adapter.bundle import Answer, BundleError, Check, load_bundle, path_inside
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "bundle.toml"
 
@@ -103,6 +106,15 @@ ERRORS = [
         r"qwen-json or \{file",
     ),
     (
+        MINIMAL.replace('command = ["sh"', 'answer = {file = "../../etc/hostname"}\ncommand = ["sh"'),
+        r"\[agents\.sh\] has answer = \{file = '\.\./\.\./etc/hostname'\}; the answer file is a path inside "
+        r"the agent's workdir: relative, without \"\.\.\"",
+    ),
+    (
+        MINIMAL.replace('command = ["sh"', 'answer = {file = "/etc/hostname"}\ncommand = ["sh"'),
+        r"the answer file is a path inside the agent's workdir",
+    ),
+    (
         MINIMAL.replace('command = ["sh"', 'mounts = {m = {source = "/x", target = "rel"}}\ncommand = ["sh"'),
         r"\[agents\.sh\.mounts\.m\] has target 'rel'; a mount target is an absolute path",
     ),
@@ -134,3 +146,19 @@ def test_every_validation_error_names_the_file_the_entry_and_the_fix(
 def test_a_missing_file_says_to_check_the_path(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match=r"nope\.toml: cannot read the bundle .*check the bundle= path"):
         load_bundle(tmp_path / "nope.toml")
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b.txt", "..", ".", "", "/", "\0", "~"]) | st.text(max_size=3)).map(
+        "/".join
+    )
+)
+def test_path_inside_names_a_file_under_the_directory_or_nothing(path: str) -> None:
+    parts = path_inside(path)
+    if parts is None:
+        return
+    assert parts and all(
+        part not in ("", ".", "..") and "/" not in part and "\0" not in part for part in parts
+    )
+    assert PurePosixPath(*parts) == PurePosixPath(path)  # the same path, only spelled plainly
+    assert os.path.normpath(os.path.join("/work", *parts)).startswith("/work/")

@@ -145,3 +145,40 @@ async def test_resources_close_newest_first_and_the_loop_restarts_after_stop(bg:
 
     assert await bg.run(ping(), "ping") == "pong"
     assert bg.loop is not first_thread
+
+
+async def test_a_caller_cancelled_before_its_work_started_returns_and_the_work_never_runs(
+    bg: BackgroundLoop,
+) -> None:
+    """AReaL cancels a submitted run on pause and stop, often before the background loop ran it."""
+    gate = threading.Event()
+    bg.loop.call_soon_threadsafe(gate.wait)  # the background loop is busy: nothing handed over runs yet
+    ran: list[str] = []
+
+    async def work() -> None:
+        ran.append("ran")
+
+    try:
+        caller = asyncio.ensure_future(bg.run(work(), "never-started"))
+        await asyncio.sleep(0)  # run() handed the work over
+        caller.cancel()
+        await asyncio.sleep(0)  # run() handed the cancel over, behind the work
+    finally:
+        gate.set()  # the loop now spawns the work's task and cancels it before its first step
+    done, _ = await asyncio.wait({caller}, timeout=5.0)  # a hang detector, not a speed limit
+    assert done == {caller} and caller.cancelled()
+    assert ran == []
+
+
+async def test_a_caller_whose_work_is_stopped_by_shutdown_gets_an_error_saying_so(bg: BackgroundLoop) -> None:
+    started = threading.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    caller = asyncio.ensure_future(bg.run(work(), "stopped"))
+    await asyncio.to_thread(started.wait, 5)
+    bg.stop()  # on the caller's thread: the caller wakes only once the background loop has closed
+    with pytest.raises(RuntimeError, match=r"stopped: the adapter's background loop stopped while this ran"):
+        await caller

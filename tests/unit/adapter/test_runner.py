@@ -3,14 +3,18 @@ played in LocalSandboxes with shell agents (the opencode run is in tests/docker)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from modeltap.adapter import runner
 from modeltap.adapter.bundle import Bundle, load_bundle
 from modeltap.adapter.local_sandbox import LocalProvider
 from modeltap.adapter.runner import RunFailed, RunPlan, SolverEndpoint, Unscored, play
@@ -339,6 +343,49 @@ async def test_a_judge_that_is_down_fails_the_run(tmp_path: Path, http: aiohttp.
         await play(plan_for(bundle_of(tmp_path, text), "t", judge_http=http), LocalProvider())
 
 
+async def test_a_judge_answering_a_huge_body_fails_the_run_without_reading_it_all(
+    tmp_path: Path, http: aiohttp.ClientSession, aiohttp_server: Any
+) -> None:
+    sent: list[int] = []
+
+    async def file_server(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(1024):  # 64 MiB
+                await response.write(b"[" * 65536)
+                sent.append(65536)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", file_server)
+    server = await aiohttp_server(app)
+    text = ECHO_AGENT + (
+        f'[judges.big]\nbase_url = "http://127.0.0.1:{server.port}/v1"\nmodel = "m"\n'
+        '[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{judge = "big", rubric = "r"}]\n'
+    )
+    with pytest.raises(RunFailed, match=r"judge 'big' answered more than 4194304 bytes.*check its base_url"):
+        await play(plan_for(bundle_of(tmp_path, text), "t", judge_http=http), LocalProvider())
+    assert sum(sent) < 64 * 1024 * 1024  # the judge's client stopped reading
+
+
+async def test_a_judge_answering_deeply_nested_json_fails_the_run(
+    tmp_path: Path, http: aiohttp.ClientSession, aiohttp_server: Any
+) -> None:
+    async def nested(request: web.Request) -> web.Response:
+        return web.Response(body=b"[" * 100_000, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", nested)
+    server = await aiohttp_server(app)
+    text = ECHO_AGENT + (
+        f'[judges.deep]\nbase_url = "http://127.0.0.1:{server.port}/v1"\nmodel = "m"\n'
+        '[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{judge = "deep", rubric = "r"}]\n'
+    )
+    with pytest.raises(RunFailed, match=r"judge 'deep' at .* failed: RecursionError"):
+        await play(plan_for(bundle_of(tmp_path, text), "t", judge_http=http), LocalProvider())
+
+
 async def test_a_docker_solver_with_a_loopback_only_proxy_is_refused_with_the_fix(tmp_path: Path) -> None:
     class ContainerLike(LocalProvider):
         async def open(self, spec):  # type: ignore[no-untyped-def]
@@ -349,3 +396,9 @@ async def test_a_docker_solver_with_a_loopback_only_proxy_is_refused_with_the_fi
     text = ECHO_AGENT + '[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{exact = "42"}]\n'
     with pytest.raises(RunFailed, match=r"loopback only.*proxy=\{'host': '0\.0\.0\.0'\}"):
         await play(plan_for(bundle_of(tmp_path, text), "t"), ContainerLike())
+
+
+@pytest.mark.parametrize("reader", [runner._result_answer, runner._codex_answer, runner._opencode_answer])
+def test_an_agent_printing_deeply_nested_json_leaves_no_answer_instead_of_crashing(reader: Any) -> None:
+    assert reader("[" * 100_000) is None
+    assert reader("\n".join(["{}", "[" * 100_000, "{}"])) is None

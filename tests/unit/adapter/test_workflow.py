@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ from modeltap.adapter import (
 from modeltap.adapter import workflow as workflow_module
 from modeltap.adapter.loop import background
 from modeltap.records.reader import StoreReader
-from tests.adapter_harness import arithmetic, blocking_calls_probe, run_samples
+from tests.adapter_harness import arithmetic, blocking_calls_probe, cancel_at_every_await, run_samples
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
 from tests.standins.script import Conversation, Reply
@@ -468,6 +472,58 @@ async def test_cancelling_run_stops_the_agent_and_closes_the_session_before_it_r
         async with http.post(url, json={"model": "m", "messages": []}) as response:
             assert response.status == 401
     assert outcomes(kwargs["proxy"]["store"])["add-2-3"] == [("cancelled", None, None, [])]
+
+
+def sweep_bundle(path: Path, marker: str) -> Path:
+    """A run with every kind of step: an agent that leaves a process behind (named by `marker`) and
+    writes its answer to a file, a check reading it and a command check, under a 600 s limit."""
+    lingering = f"{sys.executable} -c 'import time; time.sleep(600)' $0 & echo 5 > answer.txt"
+    path.write_text(f"""
+timeout_s = 600
+[agents.lingering]
+command = ["sh", "-c", "{lingering}", "{marker}"]
+answer = {{file = "answer.txt"}}
+[[tasks]]
+id = "swept"
+prompt = "anything"
+solver = "lingering"
+checks = [{{exact = "5"}}, {{command = 'test "$MODELTAP_ANSWER" = 5'}}]
+""")
+    return path
+
+
+async def test_cancelling_a_local_run_at_any_await_returns_and_leaves_nothing(
+    areal: ArealStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = f"modeltap-sweep-{uuid.uuid4().hex}"
+    # The runs' directories go to a temp dir of this test's own (short: the store's writer puts a
+    # unix socket there too, and removes it at shutdown).
+    temp = Path(tempfile.mkdtemp(prefix="mt-sweep-"))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    workflow = AgentWorkflow(
+        sweep_bundle(tmp_path / "sweep.toml", marker),
+        runner="local",
+        proxy={"host": "127.0.0.1", "store": str(tmp_path / "r.db")},
+        on_failure="raise",
+    )
+
+    def play() -> Awaitable[float]:
+        session = areal.open_session("swept")
+        return workflow.run({"task_id": "swept"}, base_url=areal.url, api_key=session.api_key)
+
+    async def nothing_left(k: int) -> None:
+        tap = await background().run(workflow_module._tap(workflow.proxy_config), "proxy")
+        assert len(tap.proxy.sessions) == 0, f"cut at await {k}: a proxy session is left open"
+        assert _process_running(marker) is None, f"cut at await {k}: the agent's process is left"
+        await asyncio.to_thread(shutdown)  # the next cut starts from a fresh process state
+        left = await asyncio.to_thread(os.listdir, temp)
+        assert left == [], f"cut at await {k}: left in the temp dir: {left}"
+
+    try:
+        cuts = await cancel_at_every_await(play, nothing_left, monkeypatch)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert cuts >= 8  # preparing, the proxy, the sandbox, each command and read, removing its directory
 
 
 def _process_running(marker: str) -> int | None:

@@ -415,6 +415,14 @@ def test_gateway_plain_text_502_is_an_upstream_error():
     assert classify(502, b"Backend unreachable") == "upstream_error"
 
 
+def test_an_error_body_nested_past_the_parser_is_read_as_its_text():
+    # An upstream may answer anything; a body deeper than Python's JSON reads is text, not a crash.
+    deep = b"[" * 1200
+    assert parse_error(500, deep) == ErrorInfo(500, deep.decode(), None, None)
+    assert classify(500, deep) == "upstream_error"
+    assert is_route_level_404(404, deep)
+
+
 def test_overflow_detection_ignores_case():
     assert is_context_overflow(ErrorInfo(400, "PROMPT IS TOO LONG: 5 tokens > 4 maximum", None, None))
     assert not is_context_overflow(ErrorInfo(400, "prompt is fine", None, None))

@@ -4,10 +4,17 @@ tests/integration/test_otlp_export.py."""
 
 from __future__ import annotations
 
+import http.server
 import logging
+import threading
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from modeltap.exporters import otlp
@@ -130,3 +137,99 @@ def test_the_exporters_own_warnings_pass_once_per_interval(monkeypatch: pytest.M
     now[0] += 1
     passed.append(quieter.filter(record))
     assert passed == [True, False, True]
+
+
+class _Flood(http.server.BaseHTTPRequestHandler):
+    """A wrong --otlp-endpoint (a file server, a collector gone wrong): every POST answered 200 with a
+    body of FLOOD_BYTES, written until the client hangs up; `sent` counts what went out."""
+
+    sent = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(FLOOD_BYTES))
+        self.end_headers()
+        piece = b"\0" * (1024 * 1024)
+        try:
+            for _ in range(FLOOD_BYTES // len(piece)):
+                self.wfile.write(piece)
+                type(self).sent += len(piece)
+        except OSError:
+            pass  # the client hung up: what it left unread is never sent
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+FLOOD_BYTES = 128 * 1024 * 1024
+
+
+def test_a_backend_answering_a_huge_body_costs_at_most_a_small_bounded_read() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flood)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    try:
+        answer = otlp.BoundedSession().post(url, data=b"spans", timeout=10)
+        assert answer.status_code == 200 and 0 < len(answer.content) <= otlp.ANSWER_MAX_BYTES
+        assert otlp.exporter_for(url).export([span()]) is SpanExportResult.SUCCESS
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    # What was left unread stayed unsent, but for what the sockets' buffers took.
+    assert _Flood.sent < FLOOD_BYTES // 4
+
+
+# Values as JSON and headers carry them: any integer (2**64 and past), 400-digit numbers, text with
+# lone surrogates (a JavaScript agent cutting an emoji in half, a header byte that is not UTF-8).
+_any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=6)
+_numbers = st.integers() | st.floats(allow_nan=False) | st.integers(300, 400).map(lambda n: int("9" * n))
+_values = st.none() | _numbers | _any_text
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=_values,
+    max_tokens=_values,
+    temperature=_values,
+    usage=st.dictionaries(st.sampled_from(["prompt_tokens", "completion_tokens"]), _values),
+    arguments=_any_text | st.just("[" * 1200),
+    text=_any_text,
+    label=_any_text,
+    content=st.booleans(),
+)
+def test_no_value_of_an_exchange_costs_its_span(
+    model: Any,
+    max_tokens: Any,
+    temperature: Any,
+    usage: dict[str, Any],
+    arguments: str,
+    text: str,
+    label: str,
+    content: bool,
+) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+    reply = {
+        "model": model,
+        "choices": [{"message": {"content": text, "tool_calls": [call]}, "finish_reason": text}],
+        "usage": usage,
+    }
+    body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "messages": [ASK]}
+    fields = {
+        "user_agent": text,
+        "labels": {"task": label},
+        "error_class": "upstream_error",
+        "error_message": text,
+    }
+    ex = exchange(body, reply, session_id=label or None, **fields)
+    made = otlp.span_of(Call.of_exchange(ex, content=content), otlp._resource(), content=content)
+    sent = ExportTraceServiceRequest.FromString(encode_spans([made]).SerializePartialToString())
+    [received] = sent.resource_spans[0].scope_spans[0].spans
+    keys = {kv.key for kv in received.attributes}
+    assert "modeltap.exchange.id" in keys and "modeltap.label.task" in keys
+    assert ("gen_ai.usage.input_tokens" in keys) == (
+        isinstance(usage.get("prompt_tokens"), int) and -(2**63) <= usage["prompt_tokens"] < 2**63
+    )

@@ -8,12 +8,14 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from modeltap import dialects
 from modeltap.dialects.openai_chat import chunks
 from modeltap.dialects.sse import StreamAssembler, data_event
 from modeltap.proxy.errors import BadRequest
-from modeltap.proxy.translate import ResponseChains, TranslatedStream, Translation, synthesised
+from modeltap.proxy.translate import ResponseChains, TranslatedStream, Translation, synthesised, value_size
 from tests.factories import (
     assistant,
     chat_completion,
@@ -169,3 +171,96 @@ def test_the_record_of_a_translated_stream_is_what_the_client_got(endpoint: str)
     assembler = StreamAssembler(client)
     assembler.feed(written)
     assert stream.result().body == assembler.result().body
+
+
+# A degenerate policy at its token limit: tool-call arguments nested past what Python's JSON reads.
+DEEP_ARGUMENTS = "[" * 1200
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_tool_call_arguments_nested_past_the_parser_still_end_the_anthropic_answer(streamed: bool) -> None:
+    deep = {**CALL, "function": {"name": "bash", "arguments": DEEP_ARGUMENTS}}
+    completion = chat_completion(assistant(None, deep), "tool_calls", usage=usage(3, 2))
+    client = dialects.named("messages")
+    if streamed:
+        stream = TranslatedStream(client, {"model": "m"})
+        raw = b"".join(data_event(c) for c in chunks(completion, include_usage=False)) + b"data: [DONE]\n\n"
+        out = stream.relay(raw) + stream.end()
+        body = stream.result().body
+        assert out.rstrip().endswith(b'data: {"type": "message_stop"}')
+    else:
+        body = Translation(client, {"model": "m", "messages": []}, None).reply(completion)
+    assert body is not None and body["stop_reason"] == "tool_use"
+    assert body["content"][0]["input"] == DEEP_ARGUMENTS  # the raw text, kept as the evidence
+
+
+@pytest.mark.parametrize(("endpoint", "last"), [("messages", "error"), ("responses", "response.failed")])
+def test_a_chat_stream_that_never_finishes_ends_in_the_clients_error(endpoint: str, last: str) -> None:
+    client = dialects.named(endpoint)
+    for upstream in (data_event(chunks(COMPLETION, include_usage=False)[1]), b'data: {"detail": "ok"}\n\n'):
+        stream = TranslatedStream(client, {"model": "m"})
+        out = stream.relay(upstream + b"data: [DONE]\n\n") + stream.end()
+        events = [json.loads(line[6:]) for line in out.decode().splitlines() if line.startswith("data: ")]
+        assert events[-1]["type"] == last, events
+        assert "ended before its finish reason" in json.dumps(events[-1])
+        result = stream.result()
+        assert not stream.complete and "ended before" in (result.error or "")
+
+
+def test_kept_conversations_are_bounded_by_their_bytes_not_only_their_count() -> None:
+    # 24 conversations of a (scaled-down) 16 MB transcript each: only what fits the bound is kept,
+    # the newest first.
+    chains = ResponseChains(max_bytes=100_000)
+    transcript = [{"role": "user", "content": "x" * 16_000}]
+    for n in range(24):
+        chains.keep("s", f"r{n}", transcript)
+        assert chains.bytes <= chains.max_bytes
+    kept = [n for n in range(24) if chains.get("s", f"r{n}") is not None]
+    assert kept == list(range(24 - len(kept), 24)) and len(kept) == 100_000 // value_size(transcript)
+    assert chains.bytes == len(kept) * value_size(transcript)
+
+
+def test_a_conversation_over_the_bound_alone_is_not_kept_and_a_kept_one_is_counted_once() -> None:
+    chains = ResponseChains(max_bytes=1000)
+    chains.keep("s", "small", [{"role": "user", "content": "hi"}])
+    chains.keep("s", "small", [{"role": "user", "content": "hi again"}])
+    chains.keep("s", "huge", [{"role": "user", "content": "x" * 1000}])
+    assert chains.get("s", "huge") is None and chains.get("s", "small") is not None
+    assert chains.bytes == value_size([{"role": "user", "content": "hi again"}])
+
+
+def test_the_size_of_a_conversation_is_never_less_than_its_text_and_takes_any_depth() -> None:
+    messages = [{"role": "user", "content": "héllo"}, {"role": "assistant", "content": None, "n": 3}]
+    assert value_size(messages) >= len(json.dumps(messages, ensure_ascii=False, separators=(",", ":")))
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert value_size(deep) > 100_000
+
+
+_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=5)
+_fields = st.sampled_from(
+    ["content", "output", "usage", "choices", "message", "status", "type", "text", "input", "stop_reason"]
+)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_fields | _text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    endpoint=st.sampled_from(["chat", "messages", "responses", "completions", "generate"]),
+    body=st.dictionaries(_fields, _json_values, max_size=5),
+    options=_json_values,
+)
+def test_a_stream_made_from_any_json_answer_ends_in_its_terminal_event(
+    endpoint: str, body: dict[str, Any], options: Any
+) -> None:
+    dialect = dialects.named(endpoint)
+    made = synthesised(dialect, {"stream": True, "stream_options": options}, json.dumps(body).encode())
+    assert made is not None
+    assembler = StreamAssembler(dialect)
+    assembler.feed(b"".join(made[0]))
+    assert assembler.result().complete

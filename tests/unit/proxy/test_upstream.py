@@ -12,7 +12,7 @@ from aiohttp import web
 
 from modeltap import dialects
 from modeltap.proxy.errors import NotFound, UpstreamTimeout, UpstreamUnreachable
-from modeltap.proxy.upstream import Upstream, map_client_error
+from modeltap.proxy.upstream import INFO_MAX_BYTES, Upstream, map_client_error
 
 CHAT = dialects.named("chat")
 
@@ -160,3 +160,34 @@ async def test_auto_translates_a_format_served_nowhere_from_then_on_and_says_so_
         f"upstream {base} serves no messages endpoint: "
         "modeltap translates messages requests through chat from now on"
     ]
+
+
+async def test_an_info_route_answering_a_huge_or_deep_body_is_read_bounded(aiohttp_server) -> None:
+    # A wrong upstream (a file server) may answer discovery with anything: at most INFO_MAX_BYTES is
+    # read, and a body nested past Python's JSON parser is "not here" too.
+    total, sent = 16 * INFO_MAX_BYTES, [0]
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        piece = b" " * (1024 * 1024)
+        try:
+            while sent[0] < total:
+                await response.write(piece)
+                sent[0] += len(piece)
+        except (ConnectionError, RuntimeError):
+            pass  # the client hung up
+        return response
+
+    async def deep(request: web.Request) -> web.Response:
+        return web.Response(body=b"[" * 1200, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/models", huge)
+    app.router.add_get("/server_info", deep)
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as client:
+        upstream = Upstream(str(server.make_url("")).rstrip("/"), "openai", client)
+        assert await upstream.fetch_json("/v1/models", {}, 30) is None
+        assert await upstream.fetch_json("/server_info", {}, 30) is None
+    assert sent[0] < total // 2
