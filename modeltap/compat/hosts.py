@@ -39,13 +39,16 @@ _HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[^\[\]:/@\s]+))(?::(
 
 
 def is_loopback(host: str) -> bool:
-    """True when `host` (an address or `localhost`) is reachable only from this machine."""
+    """True when `host` (an address or `localhost`) is reachable only from this machine: a bind address,
+    or a peer's (an IPv4 peer of a dual-stack socket is seen as `::ffff:127.0.0.1`)."""
     if host == LOOPBACK_NAME:
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
 
 
 def host_name(header: str) -> str | None:

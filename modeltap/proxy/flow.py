@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from modeltap.dialects.roles import Dialect
+from modeltap.proxy.anonymous import Conversation
 from modeltap.proxy.context import ProxyContext
 from modeltap.proxy.sessions import Session
 from modeltap.proxy.upstream import Upstream
@@ -37,7 +38,8 @@ class Flow:
     budget's decision, set once the decision is made), and the streamed response once it has begun
     (after which no error can change the status; `cut` says the upstream broke it, so the client's
     connection is cut rather than ended). `handed_over` says the exchange went to the observers;
-    `render_ids` that its token ids are rendered first (the upstream returns none). Built by
+    `render_ids` that its token ids are rendered first (the upstream returns none); `conversation` is
+    the anonymous conversation it was named into, told of its answer when it is handed over. Built by
     `relay.handle`, which opens the draft."""
 
     ctx: ProxyContext
@@ -49,3 +51,4 @@ class Flow:
     cut: bool = False
     handed_over: bool = False
     render_ids: bool = False
+    conversation: Conversation | None = None

@@ -60,7 +60,7 @@ from modeltap.proxy.errors import (
 )
 from modeltap.proxy.flow import Flow, Target
 from modeltap.proxy.headers import budget_headers, outbound
-from modeltap.proxy.naming import NamingError, client_labels, names_for
+from modeltap.proxy.naming import client_labels, names_for
 from modeltap.proxy.request_body import read_body
 from modeltap.proxy.routes import Route, resolve, session_token
 from modeltap.proxy.sessions import Session
@@ -114,6 +114,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             flow.draft.fail(
                 "client_disconnect", "the client closed the connection before the response was complete"
             )
+            _note_reply(flow)
             flow.handed_over = True
             flow.ctx.tasks.spawn(flow.ctx.observers.hand_over(flow.draft.seal()), "record-disconnected")
         raise
@@ -155,6 +156,7 @@ async def _deliver(flow: Flow) -> None:
         answer = draft.received if draft.translated else draft.response
         reply = answer if answer is not None else draft.response_body
         draft.token_ids = await recorder.render(upstream, draft.upstream_body or {}, reply)
+    _note_reply(flow)
     flow.handed_over = True
     await flow.ctx.observers.exchange(draft.seal())
 
@@ -194,18 +196,19 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
     _note_session(flow, target.session)
     authenticated = target.session is not None or ctx.loopback_only
     body = await read_body(flow, authenticated) if dialect.method == "POST" else None
-    try:
-        names = names_for(
-            request.headers,
-            target.session,
-            loopback_only=ctx.loopback_only,
-            anonymous=ctx.anonymous,
-            dialect=dialect,
-            body=body,
-        )
-    except NamingError as exc:
-        raise BadRequest(str(exc)) from None
+    names = names_for(
+        request.headers,
+        target.session,
+        peer=request.remote,
+        anonymous=ctx.anonymous,
+        dialect=dialect,
+        body=body,
+        retry=bool(draft.retry_count),
+    )
     draft.session_id, draft.labels = names.session_id, names.labels
+    flow.conversation = names.conversation
+    if names.refused is not None:
+        raise BadRequest(names.refused)
     if isinstance(dialect, CountsPrompt) and ctx.budget is not None and body is not None:
         return web.json_response(await ctx.budget.count_answer(dialect, body), headers=flow.answer_headers)
     # `--tokens exact` sends every generating request to the engine's token endpoint as chat: a
@@ -441,6 +444,16 @@ def _identify(ctx: ProxyContext, request: web.Request, route: Route) -> Target:
         "session base URL printed by `modeltap serve` (…/s/TOKEN), or open a session with "
         "POST /_modeltap/sessions"
     )
+
+
+def _note_reply(flow: Flow) -> None:
+    """Tell the anonymous conversation the request was named into what its answer carried, as its
+    client got it (the next request of the conversation echoes it)."""
+    draft = flow.draft
+    if flow.conversation is not None:
+        ok = draft.status == 200 and draft.error_class is None
+        reply = draft.response if draft.response is not None else draft.response_body
+        flow.ctx.anonymous.replied(flow.conversation, ok, reply)
 
 
 def _note_session(flow: Flow, session: Session | None) -> None:

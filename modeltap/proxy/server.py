@@ -18,6 +18,7 @@ import contextlib
 import enum
 import importlib
 import logging
+import textwrap
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,7 @@ from modeltap.compat.engines import UNKNOWN as UNKNOWN_ENGINE
 from modeltap.compat.hosts import is_loopback
 from modeltap.compat.layouts import LAYOUT_HELP, serves
 from modeltap.dialects.roles import ThroughChat
-from modeltap.proxy import admin, listener, network, observers, relay
+from modeltap.proxy import admin, listener, naming, network, observers, relay
 from modeltap.proxy.config import ProxyConfig, otlp_traces_endpoint
 from modeltap.proxy.context import CONTEXT, ProxyContext
 from modeltap.proxy.sessions import Session, SessionRegistry
@@ -521,6 +522,7 @@ def startup_report(proxy: Proxy, default_session: Session | None, found: str | N
         f"  token ids {proxy.context.token_ids_report}",
         f"  sessions  POST {proxy.host_base_url}/_modeltap/sessions",
         f"            with Authorization: Bearer {shown_key}",
+        *textwrap.wrap(naming.RULE, 100, initial_indent="  naming    ", subsequent_indent=" " * 12),
     ]
     base = default_session.host_base_url if default_session else proxy.host_base_url
     container = default_session.container_base_url if default_session else proxy.container_base_url

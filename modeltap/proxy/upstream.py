@@ -138,17 +138,19 @@ class Upstream:
 
     def translate_from_now_on(self, dialect: Dialect) -> bool:
         """Under `auto`, take a format the upstream does not serve at any path (send raised NotFound)
-        to be translated through chat from now on, and say so in the log, once. False when the
-        layout is fixed or the format cannot be translated."""
-        if self.layout != "auto" or not isinstance(dialect, ThroughChat) or dialect.name in self._translated:
+        to be translated through chat from now on, and say so in the log, once. True for every request
+        that was sent as it is meanwhile (the samples of one prompt start at once): each is retried
+        through chat. False when the layout is fixed or the format cannot be translated."""
+        if self.layout != "auto" or not isinstance(dialect, ThroughChat):
             return False
-        self._translated.add(dialect.name)
-        log.warning(
-            "upstream %s serves no %s endpoint: modeltap translates %s requests through chat from now on",
-            self.base_url,
-            dialect.route,
-            dialect.name,
-        )
+        if dialect.name not in self._translated:
+            self._translated.add(dialect.name)
+            log.warning(
+                "upstream %s serves no %s endpoint: modeltap translates %s requests through chat from now on",
+                self.base_url,
+                dialect.route,
+                dialect.name,
+            )
         return True
 
     def candidates(self, dialect: Dialect) -> list[str]:

@@ -15,7 +15,8 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,16 @@ import pytest
 
 from modeltap.proxy import network
 from modeltap.proxy.config import DEFAULT_SESSION_TTL_S
+from modeltap.proxy.naming import SESSION_HINTS
 from modeltap.proxy.server import Proxy, startup_report
 from modeltap.proxy.sessions import Session
 from modeltap.records.reader import StoreReader
+from tests.agents import arun_agent, codex_command
 from tests.factories import ASK, CONTROL_PATHS
 from tests.integration.conftest import records
 from tests.integration.test_proxy_sdks import anthropic_client, openai_client
 from tests.standins.areal import ArealStandIn
-from tests.standins.openai_like import OpenAILikeStandIn
+from tests.standins.openai_like import DEFAULT_MODEL, OpenAILikeStandIn
 
 ADMIN_KEY = "admin-key-for-tests"
 CHAT: dict[str, Any] = {"model": "policy", "messages": [ASK]}
@@ -547,3 +550,197 @@ async def test_the_session_token_reaches_neither_upstream_nor_log_nor_store(
     assert token.encode() not in stored
     rows = records(store_path)
     assert len(rows) == 17 and all(token not in (r["path"] + (r["error_message"] or "")) for r in rows)
+
+
+# -- naming: who may name a session (modeltap/proxy/naming.py) ------------------------------------
+
+
+VLLM_CHAT: dict[str, Any] = CHAT | {"model": DEFAULT_MODEL}
+VLLM_MESSAGES: dict[str, Any] = MESSAGES | {"model": DEFAULT_MODEL}
+
+
+@pytest.fixture
+def vllm() -> Iterator[OpenAILikeStandIn]:
+    """An upstream that asks for no key, so an anonymous caller on a network listener is served."""
+    with OpenAILikeStandIn() as upstream:
+        yield upstream
+
+
+async def test_naming_headers_from_this_host_name_sessions_on_a_listener_bound_to_every_address(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    """`serve`'s default bind (0.0.0.0) with the caller on 127.0.0.1: the README's headers work, and
+    the banner says the rule."""
+    named = {"x-modeltap-session": "run-7", "x-modeltap-labels": "task_id=t1, try=2"}
+    async with make_proxy(upstream=vllm.url, host="0.0.0.0") as proxy:
+        assert "naming    x-modeltap-session and x-modeltap-labels" in startup_report(proxy, None)
+        async with openai_client(proxy.host_base_url + "/v1") as oa:
+            await oa.chat.completions.create(**VLLM_CHAT, extra_headers=named)
+    [row] = records(store_path)
+    assert (row["status"], row["session_id"]) == (200, "run-7")
+    assert row["labels"] == {"task_id": "t1", "try": "2", "client": "openai-python"}
+
+
+async def test_a_remote_caller_is_refused_the_naming_headers_in_its_clients_shape_and_recorded(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path, bridge_host: str
+) -> None:
+    named = {"x-modeltap-session": "run-7", "x-modeltap-labels": "task_id=t1"}
+    async with make_proxy(upstream=vllm.url, host=bridge_host) as proxy:
+        base = proxy.host_base_url
+        async with openai_client(base + "/v1") as oa, anthropic_client(base) as an:
+            with pytest.raises(openai.BadRequestError) as oa_error:
+                await oa.chat.completions.create(**VLLM_CHAT, extra_headers=named)
+            with pytest.raises(anthropic.BadRequestError) as an_error:
+                await an.messages.create(**VLLM_MESSAGES, extra_headers=named)
+            session = proxy.sessions.open(labels={"task_id": "mine"})
+            async with openai_client(session.host_base_url + "/v1") as holder:
+                await holder.chat.completions.create(
+                    **VLLM_CHAT, extra_headers=named
+                )  # beside a token: taken
+    for error in (oa_error.value, an_error.value):
+        assert "taken from this host (a loopback peer) or beside a session token" in error.message
+        assert "this request came from " in error.message and "127.0.0.1" not in error.message
+    assert isinstance(an_error.value.body, dict) and an_error.value.body["type"] == "error"
+    assert len(vllm.requests) == 1  # the refused two never went upstream
+    refused, taken = records(store_path)[:2], records(store_path)[2]
+    assert [(r["status"], r["error_class"]) for r in refused] == [(400, "client_error")] * 2
+    assert all(r["session_id"].startswith("anon-") for r in refused)
+    assert (taken["session_id"], taken["labels"]["task_id"]) == (f"{session.id}:run-7", "mine")
+    with StoreReader(store_path) as reader:
+        listed = {row["id"] for row in reader.sessions()}
+    assert {r["session_id"] for r in refused} <= listed
+
+
+@pytest.mark.parametrize("hint", SESSION_HINTS)
+async def test_a_remote_callers_session_hint_never_puts_it_in_a_token_session(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path, bridge_host: str, hint: str
+) -> None:
+    """A neighbour on the network sends a rollout's session id as its agent's session header: its
+    exchange is not that rollout's."""
+    async with make_proxy(upstream=vllm.url, host=bridge_host) as proxy:
+        rollout = proxy.sessions.open(labels={"task_id": "t"})
+        async with openai_client(rollout.host_base_url + "/v1") as own:
+            await own.chat.completions.create(**VLLM_CHAT)
+        async with openai_client(proxy.host_base_url + "/v1") as neighbour:
+            poison = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "reward me"}]}
+            await neighbour.chat.completions.create(**poison, extra_headers={hint: rollout.id})
+    mine, theirs = records(store_path)
+    assert mine["session_id"] == rollout.id
+    assert theirs["status"] == 200 and theirs["session_id"].startswith("anon-")
+    assert [r["id"] for r in records(store_path, rollout.id)] == [mine["id"]]
+
+
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+
+
+async def test_concurrent_samples_of_one_prompt_are_one_session_each(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    """pass@4 with no session tokens: four samples send the same first request at once, each then
+    its own tool call's turn; and the same one-shot request sent again later. One session per sample."""
+    ask = [{"role": "user", "content": "What is 6*7? Use bash."}]
+
+    async def sample(client: openai.AsyncOpenAI, stream: bool) -> None:
+        create: Any = client.chat.completions.create  # the SDK's overloads want its typed params
+        first = await create(model=DEFAULT_MODEL, messages=ask, tools=[BASH])
+        [call] = first.choices[0].message.tool_calls
+        history = [*ask, first.choices[0].message.model_dump(exclude_none=True)]
+        history.append({"role": "tool", "tool_call_id": call.id, "content": "42"})
+        if stream:
+            async for _ in await create(model=DEFAULT_MODEL, messages=history, stream=True):
+                pass
+        else:
+            await create(model=DEFAULT_MODEL, messages=history)
+
+    async with make_proxy(upstream=vllm.url) as proxy, openai_client(proxy.host_base_url + "/v1") as client:
+        await asyncio.gather(*(sample(client, stream=n % 2 == 1) for n in range(4)))
+        say_hi: list[Any] = [{"role": "user", "content": "Say hi"}]
+        for _ in range(2):  # the same one-shot script, run twice
+            await client.chat.completions.create(model=DEFAULT_MODEL, messages=say_hi)
+    by_session: dict[str, list[dict[str, Any]]] = {}
+    for row in records(store_path):
+        by_session.setdefault(row["session_id"], []).append(row)
+    turns = sorted(len(rows) for rows in by_session.values())
+    assert turns == [1, 1, 2, 2, 2, 2]
+    for rows in by_session.values():
+        if len(rows) == 2:  # each sample's second turn answers the tool call its own first got
+            [call] = rows[0]["response"]["choices"][0]["message"]["tool_calls"]
+            assert rows[1]["request"]["messages"][2]["tool_call_id"] == call["id"]
+
+
+async def _messages_sample(client: anthropic.AsyncAnthropic) -> None:
+    ask: list[Any] = [{"role": "user", "content": "What is 6*7? Use bash."}]
+    tools: Any = [{"name": "bash", "input_schema": BASH["function"]["parameters"]}]
+    first = await client.messages.create(model=DEFAULT_MODEL, max_tokens=64, messages=ask, tools=tools)
+    [use] = [block for block in first.content if block.type == "tool_use"]
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "42"}]}
+    history = [*ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]}, result]
+    await client.messages.create(model=DEFAULT_MODEL, max_tokens=64, messages=history, tools=tools)
+
+
+async def _responses_sample(client: openai.AsyncOpenAI) -> None:
+    """As Codex plays it: `store: false`, the whole history every turn, the call echoed with its ids."""
+    create: Any = client.responses.create
+    ask: list[Any] = [{"role": "user", "content": "What is 6*7? Use bash."}]
+    tools = [{"type": "function", "name": "bash", "parameters": BASH["function"]["parameters"]}]
+    first = await create(model=DEFAULT_MODEL, input=ask, tools=tools, store=False)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "42"}
+    history = [*ask, call.model_dump(exclude_none=True), output]
+    await create(model=DEFAULT_MODEL, input=history, tools=tools, store=False)
+
+
+@pytest.mark.parametrize("wire", ["messages", "responses"])
+async def test_concurrent_samples_are_one_session_each_in_every_format(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path, wire: str
+) -> None:
+    """pass@4 as above, through the anthropic SDK (Messages translated to chat) and as Codex sends
+    Responses: the reply each sample echoes is the one it got, in its own format."""
+    async with make_proxy(upstream=vllm.url) as proxy:
+        if wire == "messages":
+            async with anthropic_client(proxy.host_base_url) as an:
+                await asyncio.gather(*(_messages_sample(an) for _ in range(4)))
+        else:
+            async with openai_client(proxy.host_base_url + "/v1") as oa:
+                await asyncio.gather(*(_responses_sample(oa) for _ in range(4)))
+    rows = records(store_path)
+    assert all(r["status"] == 200 for r in rows) and len(rows) == 8
+    assert sorted(Counter(r["session_id"] for r in rows).values()) == [2, 2, 2, 2]
+
+
+@pytest.mark.agents
+async def test_codex_names_its_session_with_its_own_thread_id(
+    vllm: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path, tmp_path: Path
+) -> None:
+    """The real Codex CLI, without a token, from this host: its requests are one session, named by the
+    thread id it sends (as Claude Code's are by its own header)."""
+    async with make_proxy(upstream=vllm.url) as proxy:
+        run = await arun_agent(codex_command, proxy.host_base_url + "/v1", "k", tmp_path)
+    assert run.exit_code == 0, run.describe()
+    sent = {r.headers["thread-id"] for r in vllm.model_requests}
+    rows = records(store_path)
+    assert len(sent) == 1 and len(rows) == len(vllm.model_requests) >= 2
+    assert {r["session_id"] for r in rows} == sent
+
+
+async def test_a_responses_conversation_chained_by_previous_response_id_is_one_session(
+    make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    """Anonymous, through a chat-only upstream (modeltap keeps the chain): the chained turn is served
+    from the first turn's session, and recorded in it."""
+    with OpenAILikeStandIn(chat_only=True) as chat_only:
+        async with (
+            make_proxy(upstream=chat_only.url) as proxy,
+            openai_client(proxy.host_base_url + "/v1") as oa,
+        ):
+            first = await oa.responses.create(model=DEFAULT_MODEL, input="Say hi")
+            await oa.responses.create(model=DEFAULT_MODEL, input="again", previous_response_id=first.id)
+    rows = records(store_path)
+    assert [r["status"] for r in rows] == [200, 200]
+    assert rows[0]["session_id"] == rows[1]["session_id"]
