@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 import aiohttp
 from aiohttp import web
 
-from modeltap.compat.areal import installed_capabilities
+from modeltap.compat.areal import auto_first as areal_auto_first
 from modeltap.proxy.anonymous import AnonymousConversations
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.observers import Observers
@@ -65,9 +65,7 @@ class ProxyContext:
     started: float = field(default_factory=time.time)
     chains: ResponseChains = field(default_factory=ResponseChains)
     # Where AReaL is installed (the adapter runs inside it), its bare path is the likely one.
-    auto_first: Literal["areal", "openai"] = field(
-        default_factory=lambda: installed_capabilities().auto_first
-    )
+    auto_first: Literal["areal", "openai"] = field(default_factory=areal_auto_first)
     # The configured upstream (`--upstream`), pooled at start: most requests go there.
     default_upstream: Upstream | None = None
     _upstreams: dict[str, Upstream] = field(default_factory=dict)

@@ -172,6 +172,7 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
     if request.method != dialect.method:
         raise MethodNotAllowed(f"use {dialect.method} for {dialect.route}, not {request.method}")
     target = _identify(ctx, request, route)
+    await target.upstream.settle()
     _note_session(flow, target.session)
     authenticated = target.session is not None or ctx.loopback_only
     body = await read_body(flow, authenticated) if dialect.method == "POST" else None

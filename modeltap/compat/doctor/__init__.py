@@ -35,7 +35,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from modeltap.compat.areal import capabilities, installed_version
 from modeltap.compat.doctor import gpu, keys, limits, proxy, training, workflows
 from modeltap.compat.doctor.config import Unresolved
 from modeltap.compat.doctor.context import BundleTasks, Context, Finding, ReadLog
@@ -73,17 +72,15 @@ def check(
     bundle_tasks: BundleTasks | None = None,
     gpu_memory_gb: float | None = None,
     token_counter_kwargs: Mapping[str, Any] | None = None,
-    areal_version: str | None = None,
 ) -> list[Finding]:
     """Run every rule over a config from `load_config`; errors first, then warnings, then info.
 
     `env` resolves `${oc.env:...}` and stands for the trainer's environment. `bundle_tasks(path)`
     returns a bundle's {task_id: timeout_s} or raises ValueError (None: bundle contents unchecked).
     `gpu_memory_gb` is one GPU's memory (None: the small-GPU rules are skipped). `token_counter_kwargs`
-    are the chat_template_kwargs modeltap's counter is given outside the config. `areal_version`
-    defaults to the installed AReaL's. A value a rule needs but cannot read (an unset environment
-    variable, say) stops that rule: the finding about that value, or else an `info` finding, names the
-    rules it stopped.
+    are the chat_template_kwargs modeltap's counter is given outside the config. A value a rule needs
+    but cannot read (an unset environment variable, say) stops that rule: the finding about that value,
+    or else an `info` finding, names the rules it stopped.
 
         findings = check(load_config("grpo.yaml", []), env=os.environ, gpu_memory_gb=24)
     """
@@ -94,7 +91,6 @@ def check(
         bundle_tasks=bundle_tasks,
         gpu_memory_gb=gpu_memory_gb,
         token_counter_kwargs=token_counter_kwargs,
-        areal=capabilities(areal_version if areal_version is not None else installed_version()),
     )
     findings: list[Finding] = []
     stopped: dict[str, tuple[Unresolved, list[str]]] = {}

@@ -1,5 +1,5 @@
 """What every rule of the doctor works from: the `Finding` it returns, the `Context` it reads (the config,
-the environment, the bundle's tasks, the GPU, the AReaL version) with the views several rules share
+the environment, the bundle's tasks, the GPU) with the views several rules share
 (where the agent settings live, the workflows, AReaL's cap against the backend's window), and the
 helpers that read numbers and mappings from the config and write fixes as Hydra overrides.
 
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from modeltap.compat.areal import ArealCapabilities
 from modeltap.compat.doctor.config import Config, Unresolved
 from modeltap.compat.hydra import primitive
 
@@ -137,7 +136,6 @@ class Context:
     bundle_tasks: BundleTasks | None
     gpu_memory_gb: float | None
     token_counter_kwargs: Mapping[str, Any] | None
-    areal: ArealCapabilities
     _bundles: dict[str, dict[str, float] | str] = field(default_factory=dict)
 
     @cached_property

@@ -39,7 +39,7 @@ def in_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(name: str, overrides: list[str] | None = None, **inputs) -> list[Finding]:
-    settings = {"env": ENV, "bundle_tasks": bundle_tasks, "gpu_memory_gb": 24.0, "areal_version": "2.1.0"}
+    settings = {"env": ENV, "bundle_tasks": bundle_tasks, "gpu_memory_gb": 24.0}
     return check(load_config(f"{name}.yaml", overrides or []), **{**settings, **inputs})
 
 
@@ -153,7 +153,7 @@ def test_legacy_rollout_openai_section():
     config["rollout"]["openai"] = config["rollout"].pop("agent")
     config["workflow_kwargs"]["proxy"]["engine_max_tokens"] = 32762
     del config["rollout"]["openai"]["engine_max_tokens"]
-    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0, areal_version="2.1.0")
+    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0)
     assert [(f.rule, f.path) for f in findings] == [("engine-max-tokens", "rollout.openai.engine_max_tokens")]
 
 
@@ -198,14 +198,22 @@ def test_window_from_the_model_config():
 
 def test_v1_paths_fix_is_a_modeltap_command():
     (finding,) = run("online_v1_agents")
-    assert shlex.split(finding.fix)[:4] == ["modeltap", "serve", "--upstream", "http://GATEWAY_HOST:PORT"]
+    assert shlex.split(finding.fix)[:4] == ["modeltap", "serve", "--upstream", "http://PROXY_HOST:PORT"]
     assert "--layout areal" in finding.fix
 
 
-def test_v1_paths_needs_the_version():
-    assert run("online_v1_agents", areal_version="2.2.0") == []
-    findings = run("online_v1_agents", areal_version=None)  # none installed in this venv
-    assert [(f.rule, f.severity) for f in findings] == [("v1-paths", "info")]
+def test_v1_paths_holds_for_every_release_of_the_v1_proxy_and_not_for_the_v2_gateway():
+    """No AReaL's agent proxy serves /v1/chat/completions (1.0.4, 2.0.0, main), whatever its version
+    says; the v2 gateway serves it, so an online v2 config (AReaL's own
+    examples/experimental/inference_service/online_rollout.yaml) gets no finding."""
+    assert [f.rule for f in run("online_v1_agents")] == ["v1-paths"]
+    assert (
+        run(
+            "online_v1_agents",
+            ["++rollout._version=v2", "++rollout.admin_api_key=${rollout.agent.admin_api_key}"],
+        )
+        == []
+    )
 
 
 def test_small_gpu_checks_only_what_the_backend_uses():
@@ -467,7 +475,7 @@ def test_the_legacy_agent_section_is_compared_too():
     config = load_config("clean.yaml")
     config["rollout"]["openai"] = config["rollout"].pop("agent")
     config["rollout"]["openai"]["engine_max_token"] = 1
-    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0, areal_version="2.1.0")
+    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0)
     assert "rollout.openai.engine_max_token" in [f.path for f in findings if f.rule == "unknown-key"]
 
 
@@ -535,7 +543,7 @@ def test_the_example_config_passes(monkeypatch, capsys):
     # with the trainer's environment and a large GPU there is nothing left to say
     config = load_config("examples/areal.yaml")
     env = {"AREAL_ADMIN_KEY": "Vb3x9W2kq0eR7nT4yZ1uA8sD5fG6hJ2lP0oI9uY7tR4"}
-    assert check(config, env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0, areal_version="2.1.0") == []
+    assert check(config, env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0) == []
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -564,7 +572,7 @@ def test_render_json():
 def test_options_may_come_among_the_overrides(monkeypatch, capsys):
     monkeypatch.setenv("MODELTAP_TEST_ADMIN_KEY", ENV["MODELTAP_TEST_ADMIN_KEY"])
     argv = ["doctor", "clean.yaml", "++seed=2", "--json", "+rollout.agent.engine_max_token=1"]
-    assert cli.main([*argv, "--gpu-memory-gb", "80", "--areal-version", "2.1.0"]) == 0
+    assert cli.main([*argv, "--gpu-memory-gb", "80"]) == 0
     findings = json.loads(capsys.readouterr().out)["findings"]
     # the override after --json was applied, and --gpu-memory-gb after it was read (no small-GPU info)
     assert [(f["rule"], f["path"]) for f in findings] == [("unknown-key", "rollout.agent.engine_max_token")]
@@ -583,7 +591,6 @@ def test_the_command_line_reads_every_option(monkeypatch):
         24.0,
     )
     assert args.chat_template_kwargs == {}
-    assert args.areal_version is None
 
 
 @pytest.mark.parametrize(("value", "message"), [("[1]", "expected a JSON object"), ("{no", "not JSON")])
