@@ -99,6 +99,8 @@ def check(
             findings.extend(replace(f, rule=rule_id) for f in rule(ctx))
         except Unresolved as exc:
             stopped.setdefault(exc.path, (exc, []))[1].append(rule_id)
+        except Exception as exc:  # a rule's bug must cost its own check only, never a traceback
+            findings.append(_failed(rule_id, rule, exc))
     for unresolved, rule_ids in stopped.values():
         findings = _report_stopped(findings, unresolved, rule_ids)
     order = {"error": 0, "warning": 1, "info": 2}
@@ -119,6 +121,13 @@ def _report_stopped(findings: list[Finding], unresolved: Unresolved, rule_ids: l
         fix = f"export {unresolved.needs}=... as the trainer will have it, or {fix}"
     why = f"{unresolved.reason}. Not checked: {_described(rule_ids)}."
     return [*findings, Finding("info", path, title, why, fix, rule_ids[0])]
+
+
+def _failed(rule_id: str, rule: Rule, exc: Exception) -> Finding:
+    """The `info` finding of a rule that raised on this config."""
+    title = f"the {rule_id} check failed on this config: {type(exc).__name__}: {exc}"
+    why = f"Not checked: {_summary(rule)} ({rule_id}). The other checks ran."
+    return Finding("info", rule_id, title, why, "report it to modeltap with the config", rule_id)
 
 
 def _names(rule_ids: Sequence[str]) -> str:
