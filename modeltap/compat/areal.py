@@ -123,6 +123,31 @@ def messages_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
     return {**body, "messages": fixed}
 
 
+def chat_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The chat body AReaL can render, or None when it needs no change.
+
+    An assistant turn that only calls tools has no content (`null`, or no key), which is how modeltap
+    translates Claude Code's tool_use-only turns and Codex's function calls through chat, as LiteLLM
+    does. AReaL's proxy validates the body against the openai SDK's types, which drop the null, and
+    Qwen chat templates then fail on `message.content`: AReaL's v2 gateway answers 500 "UndefinedError:
+    'dict object' has no attribute 'content'" (measured against AReaL 2.0.0 and main, tests/areal2).
+    An empty string renders the same prompt, as `messages_body_for_areal`'s empty text block does.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not any(_without_content(m) for m in messages):
+        return None
+    return {**body, "messages": [{**m, "content": ""} if _without_content(m) else m for m in messages]}
+
+
+def _without_content(message: Any) -> bool:
+    return (
+        isinstance(message, dict)
+        and message.get("role") == "assistant"
+        and bool(message.get("tool_calls"))
+        and message.get("content") is None
+    )
+
+
 def responses_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
     """The `/responses` body AReaL can take, or None when it needs no change.
 

@@ -112,3 +112,26 @@ def test_tool_use_only_assistant_turns_get_an_empty_text_block_for_areal() -> No
     assert messages_body_for_areal({"messages": [with_text]}) is None
     assert messages_body_for_areal({"messages": [{"role": "assistant", "content": "plain"}]}) is None
     assert messages_body_for_areal({"messages": "not a list"}) is None
+
+
+def test_tool_call_only_assistant_turns_get_empty_content_for_areal() -> None:
+    """A translated Claude Code or Codex history sent as chat: AReaL's v2 gateway (2.0.0, main) answers
+    a tool-call turn with null content with 500 "'dict object' has no attribute 'content'"."""
+    from modeltap.compat.areal import chat_body_for_areal
+
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    asked = {"role": "user", "content": "go"}
+    body = {"messages": [asked, {"role": "assistant", "content": None, "tool_calls": [call]}]}
+    fixed = chat_body_for_areal(body)
+    assert fixed is not None and fixed["messages"][1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call],
+    }
+    assert fixed["messages"][0] is asked and body["messages"][1]["content"] is None
+    assert chat_body_for_areal({"messages": [{"role": "assistant", "tool_calls": [call]}]}) is not None
+    assert (
+        chat_body_for_areal({"messages": [{"role": "assistant", "content": "x", "tool_calls": [call]}]})
+        is None
+    )
+    assert chat_body_for_areal({"messages": [{"role": "assistant", "content": None}]}) is None
