@@ -1,7 +1,9 @@
-"""Fixtures of the AReaL tier: AReaL 1.0.4's real proxy server with a fake engine, and its tokenizer.
+"""Fixtures of the AReaL tier: AReaL's real v1 proxy server with a fake engine, and its tokenizer.
 
-This tier runs only in its own venv (`make areal-test` builds `.venv-areal`): AReaL pins what the main
-venv must not have. Run from anywhere else, it fails at once and says so; it never skips.
+This tier runs only in its own venvs: `make areal-test` builds `.venv-areal` with AReaL 1.0.4, and
+`make areal2-test` runs the same tests in `.venv-areal2` with AReaL 2.0.0 and with main (docs/areal.md
+§11). AReaL pins what the main venv must not have. Run from anywhere else, it fails at once and says
+so; it never skips.
 """
 
 from __future__ import annotations

@@ -626,6 +626,12 @@ def test_the_example_config_passes(monkeypatch, capsys):
     config = load_config("examples/areal.yaml")
     env = {"AREAL_ADMIN_KEY": "Vb3x9W2kq0eR7nT4yZ1uA8sD5fG6hJ2lP0oI9uY7tR4"}
     assert check(config, env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0) == []
+    # and with its v2 lines uncommented (rollout._version: v2, rollout.admin_api_key)
+    v2 = ["++rollout._version=v2", "++rollout.admin_api_key=${oc.env:AREAL_ADMIN_KEY}"]
+    assert (
+        check(load_config("examples/areal.yaml", v2), env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0)
+        == []
+    )
 
 
 # --- output ---------------------------------------------------------------------------------------
