@@ -97,16 +97,17 @@ def _raw_mapping(raw: Mapping[str, Any], parent: str) -> Mapping[str, Any]:
 
 def _misspelt(ctx: Context, parent: str, key: str, known: str, value: object) -> Finding:
     prefix = f"{parent}." if parent else ""
-    value = _proposed(ctx, f"{prefix}{known}", value)
+    proposed = _proposed(ctx, f"{prefix}{known}", value)
+    kept = "keeping its value" if proposed == value else f"with {proposed}, the cap engine-max-tokens asks"
     where = parent or "the top level"
     title = f"unknown key {key!r} in {where}: did you mean {known!r}?"
     why = (
         f"{prefix}{known} is a key doctor reads and {key!r} is none it knows, so the setting written here "
         "is not the one checked. Where AReaL's config classes define the section, AReaL refuses the "
-        "unknown key when the run starts; elsewhere the run ignores it or fails on it. The fix renames it, "
-        "keeping its value."
+        f"unknown key when the run starts; elsewhere the run ignores it or fails on it. The fix renames it, "
+        f"{kept}."
     )
-    fix = " ".join([shlex.quote(f"~{prefix}{key}"), override(f"{prefix}{known}", value)])
+    fix = " ".join([shlex.quote(f"~{prefix}{key}"), override(f"{prefix}{known}", proposed)])
     return Finding("warning", f"{prefix}{key}", title, why, fix)
 
 
