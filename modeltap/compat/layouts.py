@@ -27,9 +27,8 @@ Layout = Literal["areal", "areal-gateway", "openai", "chat-only", "auto"]
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 # What each layout says its upstream does, for `serve`'s start-up lines and the README.
 LAYOUT_HELP: Mapping[Layout, str] = {
-    "auto": "asks the upstream's /health whether it is AReaL's agent proxy or v2 gateway (then their "
-    "layout), else tries /v1/… first, then the bare path, and remembers per endpoint; an endpoint served "
-    "at neither is translated through chat",
+    "auto": "tries /v1/… first, then the bare path, and remembers per endpoint; an endpoint served at "
+    "neither is translated through chat (where AReaL may be behind, its /health picks AReaL's layout)",
     "areal": "AReaL's agent proxy: chat and responses at the bare path, messages at /v1/messages",
     "areal-gateway": "AReaL's v2 gateway: chat under /v1, models answered here, the rest translated "
     "through chat",

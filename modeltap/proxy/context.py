@@ -71,6 +71,13 @@ class ProxyContext:
     _upstreams: dict[str, Upstream] = field(default_factory=dict)
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
 
+    @property
+    def may_be_areal(self) -> bool:
+        """Whether an upstream may be one of AReaL's servers, so that `auto` asks its /health: AReaL is
+        installed here, or sessions name their own upstreams, as AReaL hands the adapter its proxy's or
+        gateway's address for each sample. A `--upstream` elsewhere is probed by path alone."""
+        return self.auto_first == "areal" or self.config.upstream is None
+
     def upstream(self, base_url: str) -> Upstream:
         """The pooled Upstream for `base_url`, created on first use."""
         upstream = self._upstreams.get(base_url)
@@ -86,7 +93,7 @@ class ProxyContext:
             )
             self._clients.append(client)
             upstream = self._upstreams[base_url] = Upstream(
-                base_url, self.config.layout, client, self.auto_first
+                base_url, self.config.layout, client, self.auto_first, self.may_be_areal
             )
         return upstream
 

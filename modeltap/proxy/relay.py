@@ -172,7 +172,6 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
     if request.method != dialect.method:
         raise MethodNotAllowed(f"use {dialect.method} for {dialect.route}, not {request.method}")
     target = _identify(ctx, request, route)
-    await target.upstream.settle()
     _note_session(flow, target.session)
     authenticated = target.session is not None or ctx.loopback_only
     body = await read_body(flow, authenticated) if dialect.method == "POST" else None
@@ -193,6 +192,8 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
     # `--tokens exact` sends every generating request to the engine's token endpoint as chat: a
     # Messages or Responses request is translated at once, never tried at the upstream's own path.
     exact = ctx.exact is not None and isinstance(dialect, ThroughChat)
+    # Only a request that goes upstream asks it what it is (`auto`): a refused one never reaches it.
+    await target.upstream.settle()
     translate = body is not None and (exact or target.upstream.translates(dialect))
     return await _forward(flow, target, route, body, translate)
 

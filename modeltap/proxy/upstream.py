@@ -107,6 +107,7 @@ class Upstream:
         layout: Layout,
         client: aiohttp.ClientSession,
         auto_first: Literal["areal", "openai"] = "openai",
+        ask_health: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.layout = layout
@@ -118,11 +119,12 @@ class Upstream:
         self._has_v1 = self.base_url.endswith("/v1")
         self._chosen: dict[str, str] = {}
         self._translated: set[str] = set()
-        self._settled = layout != "auto"
+        self._settled = layout != "auto" or not ask_health
         self._settling = asyncio.Lock()
 
     async def settle(self) -> None:
-        """Under `auto`, ask the upstream once what it is: AReaL's v2 gateway and v1 agent proxy say so
+        """Under `auto` with `ask_health` (ProxyContext says where AReaL may be behind), ask the
+        upstream once what it is: AReaL's v2 gateway and v1 agent proxy say so
         on /health (compat/layouts.py `layout_from_health`), and then get their own layout, so that
         Anthropic and Responses requests to the gateway go through chat at once and its admin-only
         /v1/models is answered here. Any other answer, or none, leaves `auto` as it is."""

@@ -59,11 +59,10 @@ async def test_opencode_through_modeltap_to_areal(
         "opencode", lambda url: arun_opencode(url + suffix, "agent-never-sees-the-real-key", tmp_path)
     )
     assert len(rows) == 3, [r["path"] for r in rows]
-    # opencode asks for its title while its first turn runs: their records are in the order they ended
-    # (under `auto` both wait for the upstream's /health, so they go out together)
-    (title,) = [r for r in rows if not tool_names(r)]
-    first, second = [r for r in rows if r is not title]
-    assert title["request"]["messages"][0]["content"].startswith("You are a title")
+    title, first, second = rows
+    assert tool_names(title) == [] and title["request"]["messages"][0]["content"].startswith(
+        "You are a title"
+    )
     assert "bash" in tool_names(first) and first["finish_reason"] == "tool_calls"
     assert first["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "bash"
     assert second["request"]["messages"][-1]["role"] == "tool" and second["finish_reason"] == "stop"

@@ -54,11 +54,15 @@ async def test_behind_the_v2_gateway_models_are_answered_here_and_responses_go_t
 ) -> None:
     """The v2 gateway keeps /v1/models for its admin key (a session key gets 403) and serves no
     /responses: modeltap answers the one and translates the other, under `areal-gateway` and under
-    `auto`, which finds the gateway by its /health."""
+    `auto` with the upstream named by the session (the adapter's shape), which finds the gateway by its
+    /health."""
     with ArealStandIn(gateway=True) as gateway:
         key = gateway.open_session("t").api_key
-        async with make_proxy(upstream=gateway.url, layout=layout, model="policy") as proxy:
-            client = openai.AsyncOpenAI(base_url=proxy.host_base_url + "/v1", api_key=key, max_retries=0)
+        upstream = gateway.url if layout == "areal-gateway" else None
+        async with make_proxy(upstream=upstream, layout=layout, model="policy") as proxy:
+            session = proxy.sessions.open(upstream=gateway.url, upstream_key=key)
+            base_url = session.host_base_url + "/v1"
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=session.token, max_retries=0)
             models = await client.models.list()
             reply = await client.responses.create(model="policy", input="Run `echo $((6 * 7))`.")
             await client.close()
