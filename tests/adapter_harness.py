@@ -4,9 +4,10 @@ Owns: the per-sample protocol of docs/areal.md §3.1-§3.4, spoken over HTTP to
 an AReaL proxy (the stand-in in tests/standins/areal.py): resolve the workflow from its import-path
 string with workflow_kwargs (a new instance per submit, §3.3), grant capacity, start a session, await
 `run(data, base_url=…, api_key=…, http_client=…)`, check the reward is a float, set it on the last
-interaction, end the session and export. Failures follow AReaL after 2.1.0 (`hook=True`: the agent's
-should_reject_failed_sample decides per sample; a sample it keeps trains as reward 0) or AReaL 2.1.0
-(`hook=False`: gather without return_exceptions, so one exception fails the whole batch).
+interaction, end the session and export. Failures follow either an AReaL that asks the agent's
+should_reject_failed_sample (`hook=True`: it decides per sample; a sample it keeps trains as reward 0;
+no AReaL release does yet) or AReaL as it is, 1.0.4 to main (`hook=False`: gather without
+return_exceptions, so one exception fails the whole batch).
 Does not own: the AReaL server (tests/standins) or the scripted model's replies (`arithmetic` here).
 
     samples = await run_samples(areal.url, areal.admin_key, "modeltap.adapter.AgentWorkflow",

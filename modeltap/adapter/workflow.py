@@ -54,10 +54,12 @@ FailurePolicy = Literal["auto", "raise", "zero-model-faults", "zero"]
 FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("auto", "raise", "zero-model-faults", "zero")
 # The adapter's proxy, unless proxy={...} says otherwise:
 # - every interface, so containers reach it through the bridge gateway (docs/areal.md §6);
-# - AReaL's path layout, which every AReaL version serves (docs/areal.md §2);
+# - `auto`: each session's upstream says on /health whether it is AReaL's v1 agent proxy or its v2
+#   gateway (`rollout._version: v2`), which serves chat only: Anthropic and Responses calls are then
+#   translated through chat (docs/areal.md §2, §9);
 # - sync: each exchange is committed before its response ends, so a run's records are all in the
 #   store when its reward is returned.
-PROXY_DEFAULTS: Mapping[str, Any] = {"host": "0.0.0.0", "port": 0, "layout": "areal", "sync": True}
+PROXY_DEFAULTS: Mapping[str, Any] = {"host": "0.0.0.0", "port": 0, "layout": "auto", "sync": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +84,17 @@ class AgentWorkflow:
     - `proxy`: ProxyConfig fields for the process's proxy (default PROXY_DEFAULTS; e.g. `store`).
     - `timeout_s`: limit on one run, in place of the tasks' own.
     - `on_failure`, what a failed run does:
-      - "raise": raise RunFailed, Unscored or ModelFault. AReaL versions after 2.1.0 then ask
-        should_reject_failed_sample, which leaves a broken sample out alone and trains a model fault
-        as reward 0.
-      - "zero-model-faults": return 0.0 for a ModelFault and raise the rest. For AReaL 2.1.0 and
-        earlier, where any exception rejects the sample's whole group (docs/areal.md §3.4): model
-        faults then train as 0 as the hook would have them, and only a broken run costs its group.
+      - "raise": raise RunFailed, Unscored or ModelFault. An AReaL that asks
+        should_reject_failed_sample would then leave a broken sample out alone and train a model
+        fault as reward 0; no AReaL does yet (2.0.0, main at cbff54d): there an exception costs the
+        sample's whole group (docs/areal.md §3.4).
+      - "zero-model-faults": return 0.0 for a ModelFault and raise the rest: model faults train as 0
+        as the hook would have them, and only a broken run costs its group.
       - "zero": return 0.0 for every failure. No group is ever lost, but a run broken by the
         sandbox or a judge then teaches the policy that its answer was wrong, which biases
         training wherever such failures are common.
-      - "auto" (default): "raise" where the installed AReaL honours should_reject_failed_sample,
-        else "zero-model-faults" (modeltap.compat.areal reads the version; AReaL is not imported).
+      - "auto" (default): "raise" where the installed AReaL's source asks should_reject_failed_sample,
+        else "zero-model-faults" (modeltap.compat.areal reads its files; AReaL is not imported).
 
     Construction does no I/O: AReaL builds a new instance on every submit, and the bundle is
     prepared once per process per argument set, on first use.
@@ -174,7 +176,7 @@ class AgentWorkflow:
         return None
 
     async def _failure_policy(self) -> FailurePolicy:
-        """`on_failure`, with "auto" resolved by the installed AReaL (read once per process)."""
+        """`on_failure`, with "auto" resolved by the installed AReaL's source (read once per process)."""
         if self.on_failure != "auto":
             return self.on_failure
         areal = await background().shared(("areal-capabilities",), _installed_areal)

@@ -858,7 +858,7 @@ class _IntermixedParser(argparse.ArgumentParser):
 
 
 def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
-    """config, overrides..., --json, --gpu-memory-gb, --areal-version, --chat-template-kwargs; the
+    """config, overrides..., --json, --gpu-memory-gb, --chat-template-kwargs; the
     options may come anywhere among the config and the overrides."""
     parser.add_argument("config", help="the AReaL experiment YAML")
     parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: a.b=c, +a.b=c, ++a.b=c, ~a.b")
@@ -866,7 +866,6 @@ def _doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu-memory-gb", type=float, help="one training GPU's memory, to check small-GPU settings"
     )
-    parser.add_argument("--areal-version", help="the AReaL version the run uses (default: the installed one)")
     parser.add_argument(
         "--chat-template-kwargs",
         type=_json_object,
@@ -891,7 +890,6 @@ def _doctor(args: argparse.Namespace) -> int:
         bundle_tasks=_bundle_tasks,
         gpu_memory_gb=args.gpu_memory_gb,
         token_counter_kwargs=args.chat_template_kwargs,
-        areal_version=args.areal_version,
     )
     print(doctor.render(findings, args.json))
     return doctor.exit_code(findings)

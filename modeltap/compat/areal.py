@@ -1,51 +1,50 @@
-"""The installed AReaL and what it can do, read from package metadata: AReaL itself is never imported.
+"""The installed AReaL and what it can do, read from its metadata and its source: AReaL is never imported.
 
-Owns: the installed version (importlib.metadata), comparing it with the last release of a kind
-(`packaging.version`, PEP 440), the capabilities that depend on it, and the rewrites a body needs
-before AReaL's proxy can take it. Does not own: talking to
-AReaL (proxy/upstream.py) or adapting to a missing capability (adapter/workflow.py,
-proxy/upstream.py's `auto` layout).
+Owns: the installed version (importlib.metadata), whether the installed AReaL has a per-sample reject
+hook (its source searched for the hook's name), where `auto` looks first, and the rewrites a body needs
+before AReaL's proxy can take it. Does not own: talking to AReaL (proxy/upstream.py, which tells AReaL's
+v1 agent proxy from its v2 gateway by what each answers on /health) or adapting to a missing capability
+(adapter/workflow.py, proxy/upstream.py's `auto` layout).
 
-Importing `areal` runs its whole package init (torch, ray, transformers; 8-10 s, docs/areal.md §10.2),
-so this module only reads the distribution's metadata.
-
-    >>> capabilities("2.1.0").serves_v1_chat
-    False
-    >>> capabilities("2.2.0").honours_should_reject_failed_sample
-    True
+No version string says what an AReaL has: main at cbff54d reports "2.0.0" like the v2.0.0 tag 55
+commits before it (docs/areal.md §2), and no release has the reject hook or a `/v1/chat/completions`
+on its agent proxy. So capabilities are read from what is installed, and the paths from what the
+upstream answers. Importing `areal` runs its whole package init (torch, ray, transformers; 8-10 s,
+docs/areal.md §10.2), so only its files are read.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Literal
 
-from packaging.version import InvalidVersion, Version
-
-# The PyPI distribution (docs/areal.md §10.1: `pip download areal==1.0.4`).
+# The PyPI distribution and the package it installs (docs/areal.md §10.1: `pip download areal==1.0.4`).
 AREAL_DISTRIBUTION = "areal"
-# The last release whose proxy serves chat only at the bare `/chat/completions` and has no
-# `should_reject_failed_sample` hook: both are expected after it (docs/areal.md §2, §3.4 say what is
-# public of them). Earlier layouts (v0.4-v1.0.0rc1) put a session id in the base URL, but chat is
-# still `{base}/chat/completions` there, so "bare" holds for every release up to this one.
-LAST_BARE_ONLY_RELEASE = "2.1.0"
+AREAL_PACKAGE = "areal"
+# The per-sample hook modeltap's AgentWorkflow offers (`AgentWorkflow.should_reject_failed_sample`):
+# an AReaL whose workflow code asks it leaves a failed sample out alone. No AReaL up to main at cbff54d
+# has it: their sample filter is `should_accept_fn`, which sees finished trajectories only, and one
+# failed sample still costs its group (docs/areal.md §3.4).
+REJECT_HOOK = "should_reject_failed_sample"
 
 
 @dataclass(frozen=True, slots=True)
 class ArealCapabilities:
-    """What an AReaL version's agent proxy offers.
+    """What the installed AReaL offers.
 
-    `version` is None when AReaL is not installed. `serves_v1_chat`: the proxy also answers
-    `/v1/chat/completions` (after 2.1.0; up to 2.1.0 that path is FastAPI's 404 `{"detail":"Not
-    Found"}`, docs/areal.md §2). `honours_should_reject_failed_sample`: a failed sample is left out
-    alone instead of failing its whole group (after 2.1.0; before, `GroupedRolloutWorkflow` gathers
-    without `return_exceptions`, docs/areal.md §3.4). `auto_first`: the layout the proxy's `auto` mode
-    tries first, `areal` wherever AReaL is installed, since the bare path works on every AReaL release.
+    `version` is the distribution's version (None when none is installed; AReaL may still be importable
+    from a source tree on the path). `honours_should_reject_failed_sample`: AReaL's source names the
+    reject hook, so a failed sample is left out alone instead of failing its whole group.
+    `auto_first`: the layout the proxy's `auto` mode tries first, `areal` wherever AReaL can be
+    imported, since its v1 proxy serves chat only at the bare path and its v2 gateway serves it there
+    too (docs/areal.md §2).
     """
 
     version: str | None
-    serves_v1_chat: bool
     honours_should_reject_failed_sample: bool
     auto_first: Literal["areal", "openai"]
 
@@ -58,43 +57,50 @@ def installed_version() -> str | None:
         return None
 
 
-def is_later_release(version: str, than: str) -> bool:
-    """Whether `version` belongs to a release later than `than`.
-
-    Post-releases and local builds (`2.1.0.post1`, `2.1.0+abc`) count as their release: they are fixes
-    on a release branch, not the main branch that gained the new capabilities. A pre-release or dev
-    build of a later release is later. Raises ValueError for a string that is not a PEP 440 version.
-
-    >>> is_later_release("2.1.0.post1", "2.1.0"), is_later_release("2.2.0.dev0", "2.1.0")
-    (False, True)
-    """
+def package_folders() -> list[Path]:
+    """The folders the `areal` package would be imported from (several for a namespace package), or []
+    when it cannot be imported. A top-level find_spec runs nothing of the package."""
     try:
-        return Version(Version(version).base_version) > Version(than)
-    except InvalidVersion as exc:
-        raise ValueError(f"not a version: {version!r}") from exc
+        spec = importlib.util.find_spec(AREAL_PACKAGE)
+    except (ImportError, ValueError):
+        return []
+    if spec is None or spec.submodule_search_locations is None:
+        return []
+    return [Path(folder) for folder in spec.submodule_search_locations]
 
 
-def capabilities(version: str | None) -> ArealCapabilities:
-    """The capabilities of AReaL `version` (None: not installed).
+def names_in_source(folders: list[Path], name: str) -> bool:
+    """Whether any Python file under `folders` contains `name` (AReaL 2.0 has about 450 files, 5 MB)."""
+    needle = name.encode()
+    for folder in folders:
+        for root, _, files in os.walk(folder):
+            for file in files:
+                if file.endswith(".py") and needle in _read(Path(root, file)):
+                    return True
+    return False
 
-    A version string that cannot be parsed gets the capabilities of 2.1.0 and earlier: the bare path
-    works everywhere, and assuming the hook where it is missing would lose whole groups.
-    """
+
+def _read(path: Path) -> bytes:
     try:
-        after = version is not None and is_later_release(version, LAST_BARE_ONLY_RELEASE)
-    except ValueError:
-        after = False
-    return ArealCapabilities(
-        version=version,
-        serves_v1_chat=after,
-        honours_should_reject_failed_sample=after,
-        auto_first="areal" if version is not None else "openai",
-    )
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def auto_first() -> Literal["areal", "openai"]:
+    """Where `auto` looks first: AReaL's layout wherever AReaL can be imported (a path lookup only)."""
+    return "areal" if package_folders() else "openai"
 
 
 def installed_capabilities() -> ArealCapabilities:
-    """The capabilities of the AReaL installed in this environment."""
-    return capabilities(installed_version())
+    """The capabilities of the AReaL importable in this environment (reads its files: call it off the
+    event loop, once)."""
+    folders = package_folders()
+    return ArealCapabilities(
+        version=installed_version(),
+        honours_should_reject_failed_sample=names_in_source(folders, REJECT_HOOK),
+        auto_first="areal" if folders else "openai",
+    )
 
 
 def messages_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -117,6 +123,31 @@ def messages_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
     return {**body, "messages": fixed}
 
 
+def chat_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The chat body AReaL can render, or None when it needs no change.
+
+    An assistant turn that only calls tools has no content (`null`, or no key), which is how modeltap
+    translates Claude Code's tool_use-only turns and Codex's function calls through chat, as LiteLLM
+    does. AReaL's proxy validates the body against the openai SDK's types, which drop the null, and
+    Qwen chat templates then fail on `message.content`: AReaL's v2 gateway answers 500 "UndefinedError:
+    'dict object' has no attribute 'content'" (measured against AReaL 2.0.0 and main, tests/areal2).
+    An empty string renders the same prompt, as `messages_body_for_areal`'s empty text block does.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not any(_without_content(m) for m in messages):
+        return None
+    return {**body, "messages": [{**m, "content": ""} if _without_content(m) else m for m in messages]}
+
+
+def _without_content(message: Any) -> bool:
+    return (
+        isinstance(message, dict)
+        and message.get("role") == "assistant"
+        and bool(message.get("tool_calls"))
+        and message.get("content") is None
+    )
+
+
 def responses_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
     """The `/responses` body AReaL can take, or None when it needs no change.
 
@@ -125,19 +156,20 @@ def responses_body_for_areal(body: dict[str, Any]) -> dict[str, Any] | None:
     (Codex's `namespace` tool) with a 500 "TypeError: Object of type ValidatorIterator is not JSON
     serializable" when it renders the tools (docs/areal.md §1.1.9). Codex always sends both (docs/agents.md
     §6.4). So `include` is left out (AReaL returns no encrypted reasoning anyway) and so is every tool
-    but a function tool (the only kind AReaL's tool-call parser can answer with).
+    but a function tool (the only kind AReaL's tool-call parser can answer with). A body without
+    `tools` gets an empty list: 1.0.4, 2.0.0 and main build their `Response` with `tools=None` and
+    answer 500 "1 validation error for Response tools" (docs/areal.md §1.1.9).
     """
     tools = body.get("tools")
     kept = (
         [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
         if isinstance(tools, list)
-        else tools
+        else []
     )
     if not body.get("include") and kept == tools:
         return None
     fixed = {k: v for k, v in body.items() if k != "include"}
-    if isinstance(tools, list):
-        fixed["tools"] = kept
+    fixed["tools"] = kept
     return fixed
 
 

@@ -2,15 +2,17 @@
 
 Owns: the layout names (`areal`, `areal-gateway`, `openai`, `chat-only`, `auto`), the upstream path
 of every endpoint under each (none, for an endpoint the layout does not serve: modeltap translates it
-through chat or answers it itself), how a base URL is joined with that path, and how to read an
-upstream's error body (every known shape) and classify it for the record. Does not own: sending
-requests (proxy/upstream.py) or deciding when to fall back (also upstream.py, which asks
-`is_route_level_404` here).
+through chat or answers it itself), which layout an AReaL server's `/health` answer names, how a base
+URL is joined with that path, and how to read an upstream's error body (every known shape) and
+classify it for the record. Does not own: sending requests (proxy/upstream.py) or deciding when to
+fall back (also upstream.py, which asks `is_route_level_404` here).
 
-AReaL <= 2.1.0 serves chat and responses at the bare path and Anthropic messages at `/v1/messages`
-(docs/areal.md §1.1.1, §2); AReaL's inference-service gateway (2.0's only one) serves chat and models
-under `/v1` and nothing else (§9); vLLM, SGLang and OpenAI serve everything under `/v1`, and many vLLM
-and SGLang deployments serve chat but neither Anthropic messages nor Responses (`chat-only`).
+AReaL's v1 agent proxy, in every release (1.0.4, 2.0.0) and on main at cbff54d, serves chat and
+responses at the bare path and Anthropic messages at `/v1/messages` (docs/areal.md §1.1.1, §2).
+AReaL 2.0's v2 inference gateway (`rollout._version: v2`) serves chat at `/chat/completions` and
+`/v1/chat/completions` and nothing else a client may use: its `/models` and `/v1/models` take the
+admin key only (§9). vLLM, SGLang and OpenAI serve everything under `/v1`, and many vLLM and SGLang
+deployments serve chat but neither Anthropic messages nor Responses (`chat-only`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 # What each layout says its upstream does, for `serve`'s start-up lines and the README.
 LAYOUT_HELP: Mapping[Layout, str] = {
     "auto": "tries /v1/… first, then the bare path, and remembers per endpoint; an endpoint served at "
-    "neither is translated through chat",
-    "areal": "AReaL 1.0: chat and responses at the bare path, messages at /v1/messages",
-    "areal-gateway": "AReaL 2.0's gateway: chat and models under /v1, the rest translated through chat",
+    "neither is translated through chat (where AReaL may be behind, its /health picks AReaL's layout)",
+    "areal": "AReaL's agent proxy: chat and responses at the bare path, messages at /v1/messages",
+    "areal-gateway": "AReaL's v2 gateway: chat under /v1, models answered here, the rest translated "
+    "through chat",
     "openai": "everything under /v1",
     "chat-only": "chat under /v1, Anthropic messages and Responses translated through chat",
 }
@@ -38,7 +41,7 @@ _UNSERVED: Mapping[Layout, frozenset[str]] = {
     "chat-only": frozenset({"messages", "messages/count_tokens", "responses"}),
 }
 _ONLY_SERVED: Mapping[Layout, frozenset[str]] = {
-    "areal-gateway": frozenset({"chat/completions", "models"}),
+    "areal-gateway": frozenset({"chat/completions"}),
 }
 
 
@@ -52,6 +55,27 @@ def serves(layout: Layout, route: str) -> bool:
     if layout in _ONLY_SERVED:
         return route in _ONLY_SERVED[layout]
     return route not in _UNSERVED.get(layout, frozenset())
+
+
+def layout_from_health(health: object) -> Layout | None:
+    """The layout of an AReaL server, told by its `/health` JSON; None for any other answer.
+
+    AReaL's v2 gateway answers `{"status": "ok", "router_addr": ...}` (areal/v2/inference_service/
+    gateway/app.py), its v1 agent proxy `{"status": "ok", "initialized": ...}`
+    (areal/experimental/openai/proxy/proxy_rollout_server.py), in 2.0.0 and on main (docs/areal.md §9).
+
+    >>> layout_from_health({"status": "ok", "router_addr": "http://10.0.0.2:8081"})
+    'areal-gateway'
+    >>> layout_from_health({"status": "ok", "initialized": True}), layout_from_health(None)
+    ('areal', None)
+    """
+    if not isinstance(health, dict) or health.get("status") != "ok":
+        return None
+    if "router_addr" in health:
+        return "areal-gateway"
+    if "initialized" in health:
+        return "areal"
+    return None
 
 
 def upstream_paths(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from modeltap.compat.areal import chat_body_for_areal
 from modeltap.compat.prompts import typed_messages, typed_tools
 from modeltap.dialects.base import (
     ChatPrompt,
@@ -247,6 +248,10 @@ class Chat(
 
     def assembler(self) -> _ChatChunks:
         return _ChatChunks()
+
+    def areal_body(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """See compat.areal.chat_body_for_areal."""
+        return chat_body_for_areal(body)
 
     def event_bytes(self, event: dict[str, Any]) -> bytes:
         return data_event(event)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 import aiohttp
 from aiohttp import web
 
-from modeltap.compat.areal import installed_capabilities
+from modeltap.compat.areal import auto_first as areal_auto_first
 from modeltap.proxy.anonymous import AnonymousConversations
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.observers import Observers
@@ -65,13 +65,18 @@ class ProxyContext:
     started: float = field(default_factory=time.time)
     chains: ResponseChains = field(default_factory=ResponseChains)
     # Where AReaL is installed (the adapter runs inside it), its bare path is the likely one.
-    auto_first: Literal["areal", "openai"] = field(
-        default_factory=lambda: installed_capabilities().auto_first
-    )
+    auto_first: Literal["areal", "openai"] = field(default_factory=areal_auto_first)
     # The configured upstream (`--upstream`), pooled at start: most requests go there.
     default_upstream: Upstream | None = None
     _upstreams: dict[str, Upstream] = field(default_factory=dict)
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
+
+    @property
+    def may_be_areal(self) -> bool:
+        """Whether an upstream may be one of AReaL's servers, so that `auto` asks its /health: AReaL is
+        installed here, or sessions name their own upstreams, as AReaL hands the adapter its proxy's or
+        gateway's address for each sample. A `--upstream` elsewhere is probed by path alone."""
+        return self.auto_first == "areal" or self.config.upstream is None
 
     def upstream(self, base_url: str) -> Upstream:
         """The pooled Upstream for `base_url`, created on first use."""
@@ -88,7 +93,7 @@ class ProxyContext:
             )
             self._clients.append(client)
             upstream = self._upstreams[base_url] = Upstream(
-                base_url, self.config.layout, client, self.auto_first
+                base_url, self.config.layout, client, self.auto_first, self.may_be_areal
             )
         return upstream
 

@@ -214,6 +214,8 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
     # `--tokens exact` sends every generating request to the engine's token endpoint as chat: a
     # Messages or Responses request is translated at once, never tried at the upstream's own path.
     exact = ctx.exact is not None and isinstance(dialect, ThroughChat)
+    # Only a request that goes upstream asks it what it is (`auto`): a refused one never reaches it.
+    await target.upstream.settle()
     translate = body is not None and (exact or target.upstream.translates(dialect))
     return await _forward(flow, target, route, body, translate)
 

@@ -212,8 +212,8 @@ async def _counter(ctx: ProxyContext) -> TokenCounter | None:
 
 async def _served_engine(ctx: ProxyContext) -> EngineInfo:
     """The engine whose message preparation the counter follows (docs/engines.md §7.1): `--engine`,
-    else AReaL's proxy behind an AReaL layout, else what the default upstream's discovery answers say
-    (its version picks the release); with neither, UNKNOWN."""
+    else AReaL's proxy behind an AReaL layout (or behind the adapter, inside AReaL), else what the
+    default upstream's discovery answers say (its version picks the release); with neither, UNKNOWN."""
     config = ctx.config
     named = chosen(config.engine)
     if named is not None:
@@ -221,7 +221,9 @@ async def _served_engine(ctx: ProxyContext) -> EngineInfo:
     if config.layout in ("areal", "areal-gateway"):
         return EngineInfo("areal", None, "--layout")
     if config.upstream is None:
-        return UNKNOWN_ENGINE
+        # Sessions name their upstreams: under `auto` where AReaL is installed, that is the adapter in
+        # AReaL's rollout workers, whose upstreams are AReaL's proxy or gateway.
+        return EngineInfo("areal", None, "auto") if ctx.auto_first == "areal" else UNKNOWN_ENGINE
     engine, _ = await probe(ctx.upstream(config.upstream), _probe_headers(config))
     return engine
 

@@ -1,11 +1,12 @@
 """One upstream: its base URL, pooled connections, path layout, and the translation of aiohttp's
 client errors into modeltap's error tree (the only place that catches them).
 
-Owns: choosing the upstream path for an endpoint (with `auto`, falling back once on a route-level
-404 and remembering the answer per format), knowing which formats go upstream translated through chat
-(those the layout does not serve, and under `auto` those that answered a route-level 404 on every
-path), sending, and reading or iterating the response with errors mapped. Does not own: header
-rewriting or relaying to the client (relay.py), or the translation itself (translate.py).
+Owns: choosing the upstream path for an endpoint (with `auto`, first asking the upstream's /health
+whether it is AReaL's agent proxy or v2 gateway and taking their layout, else falling back once on a
+route-level 404 and remembering the answer per format), knowing which formats go upstream
+translated through chat (those the layout does not serve, and under `auto` those that answered a
+route-level 404 on every path), sending, and reading or iterating the response with errors mapped.
+Does not own: header rewriting or relaying to the client (relay.py), or the translation itself (translate.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Literal
 import aiohttp
 from multidict import CIMultiDict
 
-from modeltap.compat.layouts import Layout, is_route_level_404, serves, upstream_paths
+from modeltap.compat.layouts import Layout, is_route_level_404, layout_from_health, serves, upstream_paths
 from modeltap.dialects.roles import Dialect, Streams, ThroughChat
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from modeltap.proxy.keys import KeyMask, masked_reply
@@ -32,6 +33,9 @@ ROUTE_404_MAX_BYTES = 64 * 1024
 # The most of an info route's answer read at discovery (`fetch_json`): a model list of a gateway that
 # serves hundreds of models is about a megabyte; a wrong upstream (a file server) may answer anything.
 INFO_MAX_BYTES = 8 * 1024 * 1024
+# How long `auto` waits for the upstream's /health before taking it to be no AReaL server. AReaL
+# answers it from memory; a server without the route answers 404 at once.
+HEALTH_TIMEOUT_S = 5.0
 
 
 def map_client_error(exc: BaseException, url: str) -> ProxyError:
@@ -108,6 +112,9 @@ async def read(
         response.release()
 
 
+_AREAL_SERVERS = {"areal": "agent proxy", "areal-gateway": "v2 inference gateway"}
+
+
 class Upstream:
     """An upstream server at `base_url`, spoken to through one pooled `aiohttp.ClientSession`."""
 
@@ -117,6 +124,7 @@ class Upstream:
         layout: Layout,
         client: aiohttp.ClientSession,
         auto_first: Literal["areal", "openai"] = "openai",
+        ask_health: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.layout = layout
@@ -128,6 +136,27 @@ class Upstream:
         self._has_v1 = self.base_url.endswith("/v1")
         self._chosen: dict[str, str] = {}
         self._translated: set[str] = set()
+        self._settled = layout != "auto" or not ask_health
+        self._settling = asyncio.Lock()
+
+    async def settle(self) -> None:
+        """Under `auto` with `ask_health` (ProxyContext says where AReaL may be behind), ask the
+        upstream once what it is: AReaL's v2 gateway and v1 agent proxy say so
+        on /health (compat/layouts.py `layout_from_health`), and then get their own layout, so that
+        Anthropic and Responses requests to the gateway go through chat at once and its admin-only
+        /v1/models is answered here. Any other answer, or none, leaves `auto` as it is."""
+        if self._settled:
+            return
+        async with self._settling:
+            if self._settled:
+                return
+            layout = layout_from_health(await self.fetch_json("/health", {}, HEALTH_TIMEOUT_S))
+            if layout is not None:
+                log.info(
+                    "upstream %s is AReaL's %s: layout %s", self.base_url, _AREAL_SERVERS[layout], layout
+                )
+                self.layout, self.areal_like = layout, True
+            self._settled = True
 
     def translates(self, dialect: Dialect) -> bool:
         """Whether requests of this format go upstream translated through chat: the layout does not

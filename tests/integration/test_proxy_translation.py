@@ -48,6 +48,33 @@ async def test_an_upstream_overflow_reaches_the_anthropic_sdk_as_prompt_too_long
     assert row["received"] == {"detail": row["error_message"]} or row["received"] is None
 
 
+@pytest.mark.parametrize("layout", ["areal-gateway", "auto"])
+async def test_behind_the_v2_gateway_models_are_answered_here_and_responses_go_through_chat(
+    make_proxy: Callable[..., Proxy], layout: str
+) -> None:
+    """The v2 gateway keeps /v1/models for its admin key (a session key gets 403) and serves no
+    /responses: modeltap answers the one and translates the other, under `areal-gateway` and under
+    `auto` with the upstream named by the session (the adapter's shape), which finds the gateway by its
+    /health."""
+    with ArealStandIn(gateway=True) as gateway:
+        key = gateway.open_session("t").api_key
+        upstream = gateway.url if layout == "areal-gateway" else None
+        async with make_proxy(upstream=upstream, layout=layout, model="policy") as proxy:
+            session = proxy.sessions.open(upstream=gateway.url, upstream_key=key)
+            base_url = session.host_base_url + "/v1"
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=session.token, max_retries=0)
+            models = await client.models.list()
+            reply = await client.responses.create(model="policy", input="Run `echo $((6 * 7))`.")
+            await client.close()
+        paths = [request.path for request in gateway.control.requests]
+    assert [model.id for model in models.data] == ["policy"]
+    assert reply.status == "completed"
+    assert "/v1/models" not in paths and "/models" not in paths
+    assert [p for p in paths if p in ("/v1/chat/completions", "/responses", "/v1/responses")] == [
+        "/v1/chat/completions"
+    ]
+
+
 async def test_the_budget_counts_the_chat_form_and_refuses_in_the_clients_words(
     chat_only: OpenAILikeStandIn, make_proxy: Callable[..., Proxy], store_path: Path, qwen_dir: str
 ) -> None:

@@ -300,6 +300,11 @@ async def _health(request: web.Request, state: ArealState) -> web.StreamResponse
     return server.json_response({"status": "ok", "initialized": True})
 
 
+async def _gateway_health(request: web.Request, state: ArealState) -> web.StreamResponse:
+    # GatewayHealthResponse (areal/v2/inference_service/gateway/app.py): the router's address.
+    return server.json_response({"status": "ok", "router_addr": "http://127.0.0.1:9"})
+
+
 async def _grant_capacity(request: web.Request, state: ArealState) -> web.StreamResponse:
     state.check_admin(_token(request))
     return server.json_response({"capacity": state.grant_capacity()})
@@ -594,7 +599,7 @@ GATEWAY_DIALECT = Dialect(
     broken_sse=openai_wire.BROKEN_SSE,
 )
 GATEWAY_ROUTES = [
-    web.get("/health", _route(_health)),
+    web.get("/health", _route(_gateway_health)),
     web.post("/rl/start_session", _route(_start_session)),
     web.post("/rl/set_reward", _route(_set_reward)),
     web.post("/export_trajectories", _route(_export_trajectories)),

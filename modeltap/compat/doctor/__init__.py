@@ -35,7 +35,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from modeltap.compat.areal import capabilities, installed_version
 from modeltap.compat.doctor import gpu, keys, limits, proxy, training, workflows
 from modeltap.compat.doctor.config import Unresolved
 from modeltap.compat.doctor.context import BundleTasks, Context, Finding, ReadLog
@@ -73,17 +72,15 @@ def check(
     bundle_tasks: BundleTasks | None = None,
     gpu_memory_gb: float | None = None,
     token_counter_kwargs: Mapping[str, Any] | None = None,
-    areal_version: str | None = None,
 ) -> list[Finding]:
     """Run every rule over a config from `load_config`; errors first, then warnings, then info.
 
     `env` resolves `${oc.env:...}` and stands for the trainer's environment. `bundle_tasks(path)`
     returns a bundle's {task_id: timeout_s} or raises ValueError (None: bundle contents unchecked).
     `gpu_memory_gb` is one GPU's memory (None: the small-GPU rules are skipped). `token_counter_kwargs`
-    are the chat_template_kwargs modeltap's counter is given outside the config. `areal_version`
-    defaults to the installed AReaL's. A value a rule needs but cannot read (an unset environment
-    variable, say) stops that rule: the finding about that value, or else an `info` finding, names the
-    rules it stopped.
+    are the chat_template_kwargs modeltap's counter is given outside the config. A value a rule needs
+    but cannot read (an unset environment variable, say) stops that rule: the finding about that value,
+    or else an `info` finding, names the rules it stopped.
 
         findings = check(load_config("grpo.yaml", []), env=os.environ, gpu_memory_gb=24)
     """
@@ -94,7 +91,6 @@ def check(
         bundle_tasks=bundle_tasks,
         gpu_memory_gb=gpu_memory_gb,
         token_counter_kwargs=token_counter_kwargs,
-        areal=capabilities(areal_version if areal_version is not None else installed_version()),
     )
     findings: list[Finding] = []
     stopped: dict[str, tuple[Unresolved, list[str]]] = {}
@@ -103,6 +99,8 @@ def check(
             findings.extend(replace(f, rule=rule_id) for f in rule(ctx))
         except Unresolved as exc:
             stopped.setdefault(exc.path, (exc, []))[1].append(rule_id)
+        except Exception as exc:  # a rule's bug must cost its own check only, never a traceback
+            findings.append(_failed(rule_id, rule, exc))
     for unresolved, rule_ids in stopped.values():
         findings = _report_stopped(findings, unresolved, rule_ids)
     order = {"error": 0, "warning": 1, "info": 2}
@@ -123,6 +121,13 @@ def _report_stopped(findings: list[Finding], unresolved: Unresolved, rule_ids: l
         fix = f"export {unresolved.needs}=... as the trainer will have it, or {fix}"
     why = f"{unresolved.reason}. Not checked: {_described(rule_ids)}."
     return [*findings, Finding("info", path, title, why, fix, rule_ids[0])]
+
+
+def _failed(rule_id: str, rule: Rule, exc: Exception) -> Finding:
+    """The `info` finding of a rule that raised on this config."""
+    title = f"the {rule_id} check failed on this config: {type(exc).__name__}: {exc}"
+    why = f"Not checked: {_summary(rule)} ({rule_id}). The other checks ran."
+    return Finding("info", rule_id, title, why, "report it to modeltap with the config", rule_id)
 
 
 def _names(rule_ids: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
 """What every rule of the doctor works from: the `Finding` it returns, the `Context` it reads (the config,
-the environment, the bundle's tasks, the GPU, the AReaL version) with the views several rules share
+the environment, the bundle's tasks, the GPU) with the views several rules share
 (where the agent settings live, the workflows, AReaL's cap against the backend's window), and the
 helpers that read numbers and mappings from the config and write fixes as Hydra overrides.
 
@@ -11,6 +11,7 @@ beside this one), running them or rendering what they find (`__init__.py`), load
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import shlex
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from modeltap.compat.areal import ArealCapabilities
 from modeltap.compat.doctor.config import Config, Unresolved
 from modeltap.compat.hydra import primitive
 
@@ -38,6 +38,10 @@ DEFAULT_CONTEXT_LENGTH = 32768
 # vLLM refuses only P >= C (docs/token-budgets.md §2.1).
 SGLANG_WINDOW_MARGIN = 6
 VLLM_WINDOW_MARGIN = 1
+# How alike two keys must be (difflib's ratio) for one to pass as the other misspelt: one letter off in
+# a key of ten letters is 0.9; AReaL's real neighbours, such as scheduling_spec and scheduling_strategy
+# (0.77), and workflow and eval_workflow (0.76), stay below it.
+SIMILARITY_CUTOFF = 0.8
 MODELTAP_WORKFLOWS = frozenset(
     {"modeltap.AgentWorkflow", "modeltap.adapter.AgentWorkflow", "modeltap.adapter.workflow.AgentWorkflow"}
 )
@@ -60,7 +64,8 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class Workflow:
-    """A workflow named in the config: `key` is `workflow` or `eval_workflow`."""
+    """A workflow named in the config: `key` is `workflow` or `eval_workflow` (also when the config
+    misspells it: the rules check the workflow as meant, and the unknown-key rule reports the spelling)."""
 
     key: str
     import_path: str
@@ -137,7 +142,6 @@ class Context:
     bundle_tasks: BundleTasks | None
     gpu_memory_gb: float | None
     token_counter_kwargs: Mapping[str, Any] | None
-    areal: ArealCapabilities
     _bundles: dict[str, dict[str, float] | str] = field(default_factory=dict)
 
     @cached_property
@@ -153,15 +157,26 @@ class Context:
         found: list[Workflow] = []
         for key in ("workflow", "eval_workflow"):
             path = self.config.get(key)
+            misspelt = None if path is not None else self._misspelling_of(key)
+            if misspelt is not None:  # read past the log: the unknown-key rule must still see it unknown
+                path = Config.get(self.config, misspelt)
             repeat = bool(found) and path == found[0].import_path and not self.config.has(f"{key}_kwargs")
             if isinstance(path, str) and not repeat:
                 found.append(Workflow(key, path))
         return found
 
+    def _misspelling_of(self, key: str) -> str | None:
+        """A top-level key of the config that is `key` misspelt, as the unknown-key rule sees it."""
+        others = [k for k in self.raw if isinstance(k, str) and k not in ("workflow", "eval_workflow")]
+        return next((k for k in others if close_match(k, {key}) == key), None)
+
     @cached_property
     def uses_agent_proxy(self) -> bool:
-        """Whether rollouts go through AReaL's agent proxy: a modeltap workflow, or an agent section."""
-        return any(w.is_modeltap for w in self.workflows) or self.config.has(self.agent)
+        """Whether rollouts go through AReaL's agent proxy: the config names a workflow (a modeltap one,
+        or an agent of its own), or its agents are online. A config that names none leaves it to the
+        training script: AReaL's math examples write an agent section and train an RLVRWorkflow,
+        which never starts the proxy."""
+        return bool(self.workflows) or self.config.get(f"{self.agent}.mode") == "online"
 
     @cached_property
     def engine(self) -> EngineLimits:
@@ -185,6 +200,16 @@ class Context:
             except ValueError as exc:
                 self._bundles[bundle] = str(exc)
         return self._bundles[bundle]
+
+
+def close_match(key: str, known: set[str]) -> str | None:
+    """The known key `key` looks like: the same in lower case with `_` for `-`, else the closest one."""
+    normal = {name.lower().replace("-", "_"): name for name in known}
+    exact = normal.get(str(key).lower().replace("-", "_"))
+    if exact is not None:
+        return exact
+    close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=SIMILARITY_CUTOFF)
+    return close[0] if close else None
 
 
 def mapping(ctx: Context, path: str) -> dict[str, Any]:

@@ -10,17 +10,14 @@ misspelling of its neighbour (`DOCUMENTED`). Does not own: the other rules' chec
 
 from __future__ import annotations
 
-import difflib
 import shlex
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from modeltap.compat.doctor.context import Context, Finding, override
+from modeltap.compat.doctor.config import Unresolved
+from modeltap.compat.doctor.context import Context, Finding, as_int, close_match, override
 
-# How alike two keys must be (difflib's ratio) for one to pass as the other misspelt: one letter off in
-# a key of ten letters is 0.9; AReaL's real neighbours, such as scheduling_spec and scheduling_strategy
-# (0.77), stay below it.
-SIMILARITY_CUTOFF = 0.8
 # AgentConfig's fields (docs/areal.md §5.1), under `{agent}`: rollout.agent, or rollout.openai.
 AGENT_CONFIG_FIELDS = (
     "agent_cls_path", "admin_api_key", "mode", "tool_call_parser", "reasoning_parser", "chat_template_type",
@@ -64,9 +61,9 @@ def unknown_keys(ctx: Context) -> list[Finding]:
         for key in present:
             if key in known[parent]:
                 continue
-            close = _close_match(key, known[parent])
+            close = close_match(key, known[parent])
             if close is not None:
-                findings.append(_misspelt(parent, key, close, present[key]))
+                findings.append(_misspelt(ctx, parent, key, close, present[key]))
     return findings
 
 
@@ -98,25 +95,28 @@ def _raw_mapping(raw: Mapping[str, Any], parent: str) -> Mapping[str, Any]:
     return node if isinstance(node, Mapping) else {}
 
 
-def _close_match(key: str, known: set[str]) -> str | None:
-    """The known key `key` looks like: the same in lower case with `_` for `-`, else the closest one."""
-    normal = {name.lower().replace("-", "_"): name for name in known}
-    exact = normal.get(str(key).lower().replace("-", "_"))
-    if exact is not None:
-        return exact
-    close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=SIMILARITY_CUTOFF)
-    return close[0] if close else None
-
-
-def _misspelt(parent: str, key: str, known: str, value: object) -> Finding:
+def _misspelt(ctx: Context, parent: str, key: str, known: str, value: object) -> Finding:
     prefix = f"{parent}." if parent else ""
+    proposed = _proposed(ctx, f"{prefix}{known}", value)
+    kept = "keeping its value" if proposed == value else f"with {proposed}, the cap engine-max-tokens asks"
     where = parent or "the top level"
     title = f"unknown key {key!r} in {where}: did you mean {known!r}?"
     why = (
         f"{prefix}{known} is a key doctor reads and {key!r} is none it knows, so the setting written here "
         "is not the one checked. Where AReaL's config classes define the section, AReaL refuses the "
-        "unknown key when the run starts; elsewhere the run ignores it or fails on it. The fix renames it, "
-        "keeping its value."
+        f"unknown key when the run starts; elsewhere the run ignores it or fails on it. The fix renames it, "
+        f"{kept}."
     )
-    fix = " ".join([shlex.quote(f"~{prefix}{key}"), override(f"{prefix}{known}", value)])
+    fix = " ".join([shlex.quote(f"~{prefix}{key}"), override(f"{prefix}{known}", proposed)])
     return Finding("warning", f"{prefix}{key}", title, why, fix)
+
+
+def _proposed(ctx: Context, path: str, value: object) -> object:
+    """The value the rename gives `path`: the one written, except for AReaL's cap, which gets what the
+    engine-max-tokens rule would make of it (the number every fix that touches the cap proposes)."""
+    if path != f"{ctx.agent}.engine_max_tokens":
+        return value
+    try:
+        return replace(ctx.engine, configured=as_int(value, path)).target
+    except Unresolved:  # the value, or the window it is held to, cannot be read: keep it as written
+        return value

@@ -3,8 +3,7 @@
 (template-kwargs), and modeltap's token budget against AReaL's cap (proxy-budget).
 
 Owns: those four rules, and finding the tokenizer and chat template AReaL is configured with. Does not
-own: AReaL's cap itself (`Context.engine`; its own rule is in limits.py), which paths an AReaL version
-serves (compat/areal.py).
+own: AReaL's cap itself (`Context.engine`; its own rule is in limits.py).
 """
 
 from __future__ import annotations
@@ -61,24 +60,23 @@ def admin_key(ctx: Context) -> list[Finding]:
 def v1_paths(ctx: Context) -> list[Finding]:
     """Whether online agents can reach AReaL at base URLs ending in /v1.
 
-    AReaL 2.1.0 and earlier serve chat only at the bare path; an agent whose base URL ends in /v1 gets
-    404 {"detail":"Not Found"} (docs/areal.md §1.1.1, §2). modeltap's workflow is immune (its proxy
-    accepts every /v1 habit); agents that reach AReaL themselves, in online mode, are not."""
+    AReaL's v1 agent proxy serves chat only at the bare path, in every release and on main: an agent
+    whose base URL ends in /v1 gets 404 {"detail":"Not Found"} (docs/areal.md §1.1.1, §2). The v2
+    gateway (`rollout._version: v2`) serves chat at both paths, so online agents need nothing there
+    (docs/areal.md §9). modeltap's workflow is immune either way; agents that reach AReaL themselves,
+    in online mode, are not."""
     path = f"{ctx.agent}.mode"
-    if ctx.config.get(path, "inline") != "online" or ctx.areal.serves_v1_chat:
+    if ctx.config.get(path, "inline") != "online" or ctx.config.get("rollout._version") == "v2":
         return []
-    if ctx.areal.version is None:
-        title = "AReaL version unknown: whether online agents may use /v1 was not checked"
-        why = "AReaL is not installed here; 2.1.0 and earlier answer /v1/chat/completions with 404."
-        return [Finding("info", path, title, why, "modeltap doctor --areal-version VERSION ...")]
     why = (
-        "In online mode the agents reach AReaL's gateway with their own base URLs. AReaL "
-        f"{ctx.areal.version} serves chat only at /chat/completions, so an agent configured the usual "
-        'way for opencode or the openai SDK (a base URL ending in /v1) gets 404 {"detail":"Not Found"} '
-        "on every request. The fix puts modeltap, which serves every endpoint with and without /v1, "
-        "between them: give the agents the URLs it prints. Or upgrade AReaL past 2.1.0."
+        "In online mode the agents reach AReaL's agent proxy with their own base URLs. It serves chat "
+        "only at /chat/completions (in 1.0.4, 2.0.0 and on main), so an agent configured the usual way "
+        'for opencode or the openai SDK (a base URL ending in /v1) gets 404 {"detail":"Not Found"} on '
+        "every request. The fix puts modeltap, which serves every endpoint with and without /v1, between "
+        "them: give the agents the URLs it prints. Or run AReaL's v2 gateway (rollout._version: v2), "
+        "which serves /v1/chat/completions too."
     )
-    fix = "modeltap serve --upstream http://GATEWAY_HOST:PORT --layout areal --host 0.0.0.0"
+    fix = "modeltap serve --upstream http://PROXY_HOST:PORT --layout areal --host 0.0.0.0"
     return [Finding("warning", path, "online agents that append /v1 will get 404 from AReaL", why, fix)]
 
 

@@ -13,7 +13,8 @@ import difflib
 import importlib.util
 import shlex
 import sys
-from importlib.machinery import ModuleSpec, PathFinder
+from dataclasses import dataclass
+from importlib.machinery import all_suffixes
 from pathlib import Path
 
 from modeltap.compat.doctor.context import Context, Finding, Workflow, override
@@ -30,7 +31,25 @@ def workflows(ctx: Context) -> list[Finding]:
         findings.extend(_import_path(workflow))
         if workflow.is_modeltap:
             findings.extend(_bundle(ctx, workflow))
+    if not ctx.workflows and ctx.config.has(ctx.agent) and not ctx.uses_agent_proxy:
+        findings.append(_named_elsewhere(ctx))
     return findings
+
+
+def _named_elsewhere(ctx: Context) -> Finding:
+    """The config writes agent-proxy settings but names no workflow: AReaL's own examples pass theirs
+    in the training script (examples/math/gsm8k_rl.py gives an RLVRWorkflow, which never starts the
+    proxy; examples/tau2/train.py an agent, which does), so the proxy's rules cannot tell."""
+    why = (
+        f"{ctx.agent} is set, but whether rollouts go through AReaL's agent proxy depends on the workflow, "
+        "which this config does not name: a RolloutWorkflow never starts the proxy, an agent does. "
+        "The agent-proxy checks (admin-key, engine-max-tokens, micro-batches, decoupled-loss, "
+        "template-kwargs) did not run."
+    )
+    title = "no workflow in the config: the agent-proxy settings went unchecked"
+    return Finding(
+        "info", "workflow", title, why, "++workflow=PACKAGE.MODULE.AGENT, if the run trains an agent"
+    )
 
 
 def _import_path(workflow: Workflow) -> list[Finding]:
@@ -56,7 +75,8 @@ def _import_path(workflow: Workflow) -> list[Finding]:
         return []
     close = difflib.get_close_matches(name, sorted(bound), n=1)
     fix = override(workflow.key, f"{module}.{close[0] if close else 'CLASS'}")
-    why = f"{fails} Module {module!r} ({spec.origin}) defines no {name!r} at its top level."
+    where = spec.origin or "a namespace package"
+    why = f"{fails} Module {module!r} ({where}) defines no {name!r} at its top level."
     return [Finding("error", workflow.key, f"{workflow.import_path!r} does not exist", why, fix)]
 
 
@@ -99,25 +119,57 @@ def _tasks(ctx: Context, workflow: Workflow, bundle: str, tasks: dict[str, float
     return [Finding("error", tasks_path, title, why, override(tasks_path, kept))]
 
 
-def _find_module(name: str) -> ModuleSpec | None:
-    """The module's spec, found without running any package's __init__ (find_spec on a dotted name
-    imports its parents, and `areal/__init__.py` pulls in torch and ray)."""
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A module found on the path: its file (`origin`; None for a namespace package, which has none)
+    and, for a package, the folders its submodules are found in."""
+
+    origin: str | None
+    locations: tuple[str, ...] | None
+
+
+def _find_module(name: str) -> Found | None:
+    """The module, found without running any package's __init__ (find_spec on a dotted name imports
+    its parents, and `areal/__init__.py` pulls in torch and ray). Each step looks in the parent's
+    folders as Python's path finder does: a package, then a module, then a namespace package (a folder
+    without __init__.py, such as areal/workflow/openai in AReaL 2.0)."""
     top, *rest = name.split(".")
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return None
-    for depth in range(len(rest)):
-        if spec is None or spec.submodule_search_locations is None:
+    if spec is None:
+        return None
+    locations = spec.submodule_search_locations
+    found: Found | None = Found(spec.origin, None if locations is None else tuple(locations))
+    for part in rest:
+        if found is None or found.locations is None:
             return None
-        full = ".".join([top, *rest[: depth + 1]])
-        spec = PathFinder.find_spec(full, list(spec.submodule_search_locations))
-    return spec
+        found = _child(found.locations, part)
+    return found
 
 
-def _module_names(spec: ModuleSpec) -> set[str] | None:
+def _child(folders: tuple[str, ...], part: str) -> Found | None:
+    """The submodule `part` of a package whose folders are `folders`."""
+    namespace = []
+    for folder in folders:
+        package = Path(folder, part)
+        if (package / "__init__.py").is_file():
+            return Found(str(package / "__init__.py"), (str(package),))
+        for suffix in all_suffixes():
+            if Path(folder, part + suffix).is_file():
+                return Found(str(Path(folder, part + suffix)), None)
+        if package.is_dir():
+            namespace.append(str(package))
+    return Found(None, tuple(namespace)) if namespace else None
+
+
+def _module_names(spec: Found) -> set[str] | None:
     """The names the module's source binds at top level; None when that cannot be told without running
-    it (no Python source, a star import, or a module-level __getattr__)."""
+    it (no Python source, a star import, or a module-level __getattr__). A namespace package binds
+    nothing but its submodules, which the path finder finds."""
+    if spec.origin is None and spec.locations is not None:
+        return {Path(f).stem for folder in spec.locations for f in Path(folder).iterdir()}
     if not spec.origin or not spec.origin.endswith(".py"):
         return None
     try:

@@ -162,6 +162,34 @@ async def test_a_batch_through_areal_scores_each_sample_and_rejects_only_the_fai
     assert len(areal.model_requests) == 3
 
 
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+@pytest.mark.parametrize("gateway", [False, True], ids=["v1-proxy", "v2-gateway"])
+async def test_the_default_proxy_trains_every_client_format_behind_either_areal_server(
+    tmp_path: Path, api: str, gateway: bool
+) -> None:
+    """No proxy settings: the session's upstream says on /health whether it is AReaL's v1 agent proxy
+    or its v2 gateway, and a solver speaking any of the three formats completes its sample; the
+    gateway serves chat only, so Messages and Responses reach it translated through chat."""
+    path = tmp_path / "bundle.toml"
+    path.write_text(
+        bundle_text().replace('AGENT_SLEEP_S = "0"', f'AGENT_SLEEP_S = "0", AGENT_FORMAT = "{api}"')
+    )
+    store = tmp_path / "r.db"
+    workflow = AgentWorkflow(path, runner="local", proxy={"host": "127.0.0.1", "store": str(store)})
+    with ArealStandIn(script=arithmetic, gateway=gateway) as areal:
+        session = areal.open_session("add-2-3")
+        assert await workflow.run({"task_id": "add-2-3"}, base_url=areal.url, api_key=session.api_key) == 1.0
+        served = [request.path for request in areal.model_requests]
+    native = {"chat": "/chat/completions", "messages": "/v1/messages", "responses": "/responses"}[api]
+    assert served == (["/v1/chat/completions"] if gateway else [native])
+    shutdown()
+    with StoreReader(str(store)) as reader:
+        (row,) = reader.sessions()
+        (exchange,) = reader.exchanges(row["id"])
+    translated = gateway and api != "chat"
+    assert exchange["translated"] == ("chat" if translated else None)
+
+
 def outcomes(store: str) -> dict[str, list[tuple[Any, ...]]]:
     """Each task's recorded rollouts, after the proxy flushed them: (outcome, reward, exit status,
     scores), and the log tails."""
@@ -323,7 +351,7 @@ async def test_an_unparseable_tool_call_is_a_model_fault(aiohttp_server: Any, kw
         ("zero-model-faults", "crash", RunFailed),
     ],
 )
-async def test_the_failure_policy_for_areal_2_1_0(
+async def test_the_failure_policy_for_an_areal_without_the_hook(
     areal: ArealStandIn, kwargs: dict[str, Any], policy: str, task_id: str, outcome: Any
 ) -> None:
     workflow = AgentWorkflow(**kwargs | {"on_failure": policy})
@@ -344,7 +372,7 @@ async def test_zero_model_faults_returns_zero_for_an_overflow(kwargs: dict[str, 
         assert await workflow.run({"task_id": "add-2-3"}, base_url=tight.url, api_key=session.api_key) == 0.0
 
 
-async def test_on_areal_2_1_0_zero_keeps_the_batch_that_raise_would_lose(
+async def test_on_areal_2_0_zero_keeps_the_batch_that_raise_would_lose(
     areal: ArealStandIn, bundle: Path, kwargs: dict[str, Any]
 ) -> None:
     batch = [{"task_id": "add-2-3"}, {"task_id": "crash"}]
@@ -356,20 +384,25 @@ async def test_on_areal_2_1_0_zero_keeps_the_batch_that_raise_would_lose(
     assert [s.reward for s in samples] == [1.0, 0.0]
 
 
-@pytest.mark.parametrize(("areal_version", "overflow_reward"), [("2.1.0", 0.0), ("2.2.0", None)])
+@pytest.mark.parametrize(("asks_the_hook", "overflow_reward"), [(False, 0.0), (True, None)])
 async def test_auto_failure_policy_follows_the_installed_areal(
     kwargs: dict[str, Any],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    areal_version: str,
+    asks_the_hook: bool,
     overflow_reward: Any,
 ) -> None:
-    """2.1.0 has no hook, so a model fault returns 0.0 rather than losing the group; later AReaL asks
-    should_reject_failed_sample, so it raises. The version comes from metadata alone."""
+    """AReaL 2.0.0 and main (both "2.0.0") ask no should_reject_failed_sample, so a model fault returns
+    0.0 rather than losing the group; an AReaL whose source asks the hook gets the raise. The source
+    is read, never imported, and the version string decides nothing."""
     site = tmp_path / "site"
-    info = site / f"areal-{areal_version}.dist-info"
+    info = site / "areal-2.0.0.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: areal\nVersion: {areal_version}\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: areal\nVersion: 2.0.0\n")
+    (site / "areal").mkdir()
+    (site / "areal" / "__init__.py").write_text("raise RuntimeError('never imported')\n")
+    hook = "workflow.should_reject_failed_sample(exc)" if asks_the_hook else "should_accept_fn(traj)"
+    (site / "areal" / "remote_inf_engine.py").write_text(f"def filter(workflow, exc, traj):\n    {hook}\n")
     monkeypatch.syspath_prepend(str(site))
     workflow = AgentWorkflow(**kwargs | {"on_failure": "auto"})
     with ArealStandIn(script=arithmetic, engine_max_tokens=8) as tight:

@@ -1,8 +1,8 @@
 """Tests for modeltap/compat/areal.py against real installed distributions.
 
 A fake AReaL is "installed" by putting a `*.dist-info` folder on sys.path, which is exactly where
-importlib.metadata looks; beside it sits an `areal` package whose import raises, so a test fails if
-anything imports AReaL instead of reading its metadata.
+importlib.metadata looks, beside an `areal` package whose import raises, so a test fails if anything
+imports AReaL instead of reading its metadata and files.
 """
 
 from __future__ import annotations
@@ -14,24 +14,28 @@ from pathlib import Path
 import pytest
 
 from modeltap.compat.areal import (
-    capabilities,
+    REJECT_HOOK,
+    auto_first,
     installed_capabilities,
     installed_version,
-    is_later_release,
+    responses_body_for_areal,
 )
 
 
 @pytest.fixture
 def install_areal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Install a fake AReaL of a given version into a fresh sys.path entry."""
+    """Install a fake AReaL of a given version (None: a source tree on the path, no distribution),
+    whose workflow module has the given source."""
 
-    def install(version: str) -> None:
-        dist = tmp_path / f"areal-{version}.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: areal\nVersion: {version}\n")
+    def install(version: str | None, workflow_source: str = "async def arun_episode(): ...\n") -> None:
+        if version is not None:
+            dist = tmp_path / f"areal-{version}.dist-info"
+            dist.mkdir()
+            (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: areal\nVersion: {version}\n")
         package = tmp_path / "areal"
-        package.mkdir()
+        (package / "infra").mkdir(parents=True)
         (package / "__init__.py").write_text("raise RuntimeError('modeltap must never import areal')\n")
+        (package / "infra" / "remote_inf_engine.py").write_text(workflow_source)
         monkeypatch.syspath_prepend(str(tmp_path))
         importlib.invalidate_caches()
 
@@ -44,54 +48,51 @@ def test_no_areal_installed_here():
     assert installed_version() is None
     caps = installed_capabilities()
     assert caps.version is None
-    assert caps.auto_first == "openai"
+    assert caps.auto_first == "openai" == auto_first()
     assert not caps.honours_should_reject_failed_sample
 
 
 def test_reads_the_installed_version_without_importing_areal(install_areal):
-    install_areal("2.1.0")
-    assert installed_version() == "2.1.0"
+    install_areal("2.0.0")
+    assert installed_version() == "2.0.0"
+    assert installed_capabilities().auto_first == "areal"
     assert "areal" not in sys.modules
 
 
 @pytest.mark.parametrize(
-    ("version", "after"),
+    ("version", "source", "hook"),
     [
-        ("1.0.4", False),
-        ("2.0.0", False),
-        ("2.1.0", False),
-        ("2.1.0rc1", False),
-        ("2.1.0.post1", False),
-        ("2.1.0+cu128", False),
-        ("v2.1.0", False),
-        ("2.1.0-1", False),  # PEP 440's other spelling of a post-release
-        ("2.1", False),
-        ("2.1.1", True),
-        ("2.2.0.dev0", True),
-        ("3.0", True),
+        # 2.0.0 and main (which also says 2.0.0) have no hook: their filter is should_accept_fn
+        ("2.0.0", "def _check(should_accept_fn): ...\n", False),
+        # a version past every release says nothing by itself
+        ("2.2.0", "def _check(should_accept_fn): ...\n", False),
+        # an AReaL that asks the hook has it, whatever its version string
+        ("2.0.0", f"if hasattr(workflow, {REJECT_HOOK!r}): ...\n", True),
+        # a source tree on the path, with no distribution installed
+        (None, f"workflow.{REJECT_HOOK}(exc)\n", True),
     ],
 )
-def test_capabilities_of_the_installed_version(install_areal, version, after):
-    install_areal(version)
+def test_the_reject_hook_is_what_the_installed_source_asks_not_what_the_version_says(
+    install_areal, version, source, hook
+):
+    install_areal(version, source)
     caps = installed_capabilities()
     assert caps.version == version
-    assert caps.serves_v1_chat is after
-    assert caps.honours_should_reject_failed_sample is after
-    # the bare path works on every AReaL release, so auto tries it first wherever AReaL is installed
+    assert caps.honours_should_reject_failed_sample is hook
     assert caps.auto_first == "areal"
+    assert "areal" not in sys.modules
 
 
-def test_an_unparseable_version_gets_the_conservative_capabilities():
-    caps = capabilities("main-nightly")
-    assert not caps.serves_v1_chat
-    assert not caps.honours_should_reject_failed_sample
-    assert caps.auto_first == "areal"
-
-
-@pytest.mark.parametrize("bad", ["", "main", "2.x", "2.1.0 beta"])
-def test_what_is_not_a_version_is_refused(bad):
-    with pytest.raises(ValueError, match="not a version"):
-        is_later_release(bad, "2.1.0")
+def test_a_responses_body_without_tools_gets_an_empty_list_for_areal():
+    """AReaL's v1 proxy (1.0.4, 2.0.0, main) answers 500 "1 validation error for Response tools" to a
+    /responses body without tools."""
+    assert responses_body_for_areal({"model": "m", "input": "hi"}) == {
+        "model": "m",
+        "input": "hi",
+        "tools": [],
+    }
+    assert responses_body_for_areal({"model": "m", "input": "hi", "tools": None})["tools"] == []  # type: ignore[index]
+    assert responses_body_for_areal({"model": "m", "input": "hi", "tools": []}) is None
 
 
 def test_tool_use_only_assistant_turns_get_an_empty_text_block_for_areal() -> None:
@@ -111,3 +112,26 @@ def test_tool_use_only_assistant_turns_get_an_empty_text_block_for_areal() -> No
     assert messages_body_for_areal({"messages": [with_text]}) is None
     assert messages_body_for_areal({"messages": [{"role": "assistant", "content": "plain"}]}) is None
     assert messages_body_for_areal({"messages": "not a list"}) is None
+
+
+def test_tool_call_only_assistant_turns_get_empty_content_for_areal() -> None:
+    """A translated Claude Code or Codex history sent as chat: AReaL's v2 gateway (2.0.0, main) answers
+    a tool-call turn with null content with 500 "'dict object' has no attribute 'content'"."""
+    from modeltap.compat.areal import chat_body_for_areal
+
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    asked = {"role": "user", "content": "go"}
+    body = {"messages": [asked, {"role": "assistant", "content": None, "tool_calls": [call]}]}
+    fixed = chat_body_for_areal(body)
+    assert fixed is not None and fixed["messages"][1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call],
+    }
+    assert fixed["messages"][0] is asked and body["messages"][1]["content"] is None
+    assert chat_body_for_areal({"messages": [{"role": "assistant", "tool_calls": [call]}]}) is not None
+    assert (
+        chat_body_for_areal({"messages": [{"role": "assistant", "content": "x", "tool_calls": [call]}]})
+        is None
+    )
+    assert chat_body_for_areal({"messages": [{"role": "assistant", "content": None}]}) is None

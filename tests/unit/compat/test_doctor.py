@@ -39,7 +39,7 @@ def in_fixtures(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(name: str, overrides: list[str] | None = None, **inputs) -> list[Finding]:
-    settings = {"env": ENV, "bundle_tasks": bundle_tasks, "gpu_memory_gb": 24.0, "areal_version": "2.1.0"}
+    settings = {"env": ENV, "bundle_tasks": bundle_tasks, "gpu_memory_gb": 24.0}
     return check(load_config(f"{name}.yaml", overrides or []), **{**settings, **inputs})
 
 
@@ -153,7 +153,7 @@ def test_legacy_rollout_openai_section():
     config["rollout"]["openai"] = config["rollout"].pop("agent")
     config["workflow_kwargs"]["proxy"]["engine_max_tokens"] = 32762
     del config["rollout"]["openai"]["engine_max_tokens"]
-    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0, areal_version="2.1.0")
+    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0)
     assert [(f.rule, f.path) for f in findings] == [("engine-max-tokens", "rollout.openai.engine_max_tokens")]
 
 
@@ -198,14 +198,22 @@ def test_window_from_the_model_config():
 
 def test_v1_paths_fix_is_a_modeltap_command():
     (finding,) = run("online_v1_agents")
-    assert shlex.split(finding.fix)[:4] == ["modeltap", "serve", "--upstream", "http://GATEWAY_HOST:PORT"]
+    assert shlex.split(finding.fix)[:4] == ["modeltap", "serve", "--upstream", "http://PROXY_HOST:PORT"]
     assert "--layout areal" in finding.fix
 
 
-def test_v1_paths_needs_the_version():
-    assert run("online_v1_agents", areal_version="2.2.0") == []
-    findings = run("online_v1_agents", areal_version=None)  # none installed in this venv
-    assert [(f.rule, f.severity) for f in findings] == [("v1-paths", "info")]
+def test_v1_paths_holds_for_every_release_of_the_v1_proxy_and_not_for_the_v2_gateway():
+    """No AReaL's agent proxy serves /v1/chat/completions (1.0.4, 2.0.0, main), whatever its version
+    says; the v2 gateway serves it, so an online v2 config (AReaL's own
+    examples/experimental/inference_service/online_rollout.yaml) gets no finding."""
+    assert [f.rule for f in run("online_v1_agents")] == ["v1-paths"]
+    assert (
+        run(
+            "online_v1_agents",
+            ["++rollout._version=v2", "++rollout.admin_api_key=${rollout.agent.admin_api_key}"],
+        )
+        == []
+    )
 
 
 def test_small_gpu_checks_only_what_the_backend_uses():
@@ -372,6 +380,88 @@ def test_workflow_typo_gets_the_close_name(explosive_package):
     assert [f.fix for f in findings] == ["++workflow=explosive.agents.coder.CodingAgent"]
 
 
+def test_a_workflow_in_a_namespace_package_is_found(explosive_package, tmp_path):
+    """AReaL 2.0's areal/workflow/openai has no __init__.py: its examples/agent_workflow/config.yaml
+    names areal.workflow.openai.math_agent.MathAgent, which made doctor crash with a KeyError."""
+    folder = tmp_path / "explosive" / "agents" / "openai"
+    folder.mkdir()
+    (folder / "math_agent.py").write_text("class MathAgent:\n    async def run(self, data, **kw): ...\n")
+    assert run("workflow_not_found", ["workflow=explosive.agents.openai.math_agent.MathAgent"]) == []
+    findings = run("workflow_not_found", ["workflow=explosive.agents.openai.math_agent.MathAgnt"])
+    assert [f.fix for f in findings] == ["++workflow=explosive.agents.openai.math_agent.MathAgent"]
+    findings = run("workflow_not_found", ["workflow=explosive.agents.openai.MathAgent"])
+    assert [(f.rule, f.severity) for f in findings] == [("workflow", "error")]
+    assert "a namespace package" in findings[0].why
+
+
+def test_a_rule_that_raises_is_an_info_finding_and_the_others_still_run(monkeypatch):
+    def broken(ctx):
+        """The workflow's import path."""
+        raise KeyError("areal.workflow")
+
+    monkeypatch.setattr(doctor, "_RULES", (("workflow", broken), *doctor._RULES[1:]))
+    findings = run("clean", ["rollout.request_timeout=1000"])
+    assert [(f.rule, f.severity) for f in findings] == [("request-timeout", "warning"), ("workflow", "info")]
+    assert findings[1].title == "the workflow check failed on this config: KeyError: 'areal.workflow'"
+
+
+def test_a_misspelt_workflow_key_is_reported_and_its_checks_still_run(tmp_path):
+    """`worklfow:` used to leave the workflow unseen, so request-timeout (and every modeltap check)
+    passed in silence."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        (FIXTURES / "clean.yaml").read_text().replace("workflow: modeltap", "worklfow: modeltap")
+    )
+    findings = check(
+        load_config(str(config), ["+workflow_kwargs.timeout_s=3600"]),
+        env=ENV,
+        bundle_tasks=bundle_tasks,
+        gpu_memory_gb=24.0,
+    )
+    assert sorted((f.rule, f.path) for f in findings) == [
+        ("request-timeout", "rollout.request_timeout"),
+        ("unknown-key", "worklfow"),
+    ]
+
+
+def test_the_unknown_key_fix_proposes_the_cap_the_engine_rule_proposes():
+    """A misspelt engine_max_token of 32768 beside a 32768 window: the rename must not write back the
+    32768 the engine-max-tokens rule says to lower to 32762."""
+    findings = run("clean", ["~rollout.agent.engine_max_tokens", "++rollout.agent.engine_max_token=32768"])
+    fixes = {f.rule: f.fix for f in findings}
+    assert fixes["engine-max-tokens"] == "++rollout.agent.engine_max_tokens=32762"
+    assert fixes["unknown-key"] == "'~rollout.agent.engine_max_token' ++rollout.agent.engine_max_tokens=32762"
+    # a value that is already right is kept as written
+    (finding,) = run("unknown_key", ["rollout.agent.engine_max_token=16000"])
+    assert finding.fix.endswith("++rollout.agent.engine_max_tokens=16000")
+
+
+def test_a_config_without_a_workflow_leaves_the_agent_proxy_rules_to_its_training_script():
+    """AReaL's examples/math/gsm8k_grpo.yaml writes rollout.agent with the default admin key and no cap,
+    and its training script trains an RLVRWorkflow, which never starts the proxy."""
+    findings = run(
+        "clean",
+        [
+            "~workflow",
+            "~workflow_kwargs",
+            "rollout.agent.admin_api_key=areal-admin-key",
+            "~rollout.agent.engine_max_tokens",
+        ],
+    )
+    assert [(f.rule, f.severity) for f in findings] == [("workflow", "info")]
+    # online agents always go through the proxy
+    online = run(
+        "clean",
+        [
+            "~workflow",
+            "~workflow_kwargs",
+            "rollout.agent.admin_api_key=areal-admin-key",
+            "rollout.agent.mode=online",
+        ],
+    )
+    assert ("admin-key", "error") in [(f.rule, f.severity) for f in online]
+
+
 # --- reading values ------------------------------------------------------------------------------
 
 
@@ -429,12 +519,12 @@ def test_the_rename_keeps_the_value_as_written():
     assert shlex.split(findings[0].fix)[1] == (
         '++workflow_kwargs.proxy.engine_max_tokens="${rollout.agent.engine_max_tokens}"'
     )
-    # applied, the rename gives the real key the misspelt one's value, which the other rules then check
+    # AReaL's cap is the one exception: its rename proposes what engine-max-tokens would (the two fixes
+    # agree), so applying it leaves nothing to fix
     misspelt = ["+rollout.agent.engine_max_token=40000"]
     fixes = shlex.split(run("clean", misspelt)[0].fix)
-    assert [f.title for f in run("clean", misspelt + fixes)][:1] == [
-        "engine_max_tokens (40000) is not below sglang.context_length (32768)"
-    ]
+    assert fixes[1] == "++rollout.agent.engine_max_tokens=32762"
+    assert run("clean", misspelt + fixes) == []
 
 
 @pytest.mark.parametrize(
@@ -467,7 +557,7 @@ def test_the_legacy_agent_section_is_compared_too():
     config = load_config("clean.yaml")
     config["rollout"]["openai"] = config["rollout"].pop("agent")
     config["rollout"]["openai"]["engine_max_token"] = 1
-    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0, areal_version="2.1.0")
+    findings = check(config, env=ENV, bundle_tasks=bundle_tasks, gpu_memory_gb=24.0)
     assert "rollout.openai.engine_max_token" in [f.path for f in findings if f.rule == "unknown-key"]
 
 
@@ -535,7 +625,13 @@ def test_the_example_config_passes(monkeypatch, capsys):
     # with the trainer's environment and a large GPU there is nothing left to say
     config = load_config("examples/areal.yaml")
     env = {"AREAL_ADMIN_KEY": "Vb3x9W2kq0eR7nT4yZ1uA8sD5fG6hJ2lP0oI9uY7tR4"}
-    assert check(config, env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0, areal_version="2.1.0") == []
+    assert check(config, env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0) == []
+    # and with its v2 lines uncommented (rollout._version: v2, rollout.admin_api_key)
+    v2 = ["++rollout._version=v2", "++rollout.admin_api_key=${oc.env:AREAL_ADMIN_KEY}"]
+    assert (
+        check(load_config("examples/areal.yaml", v2), env=env, bundle_tasks=bundle_tasks, gpu_memory_gb=80.0)
+        == []
+    )
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -564,7 +660,7 @@ def test_render_json():
 def test_options_may_come_among_the_overrides(monkeypatch, capsys):
     monkeypatch.setenv("MODELTAP_TEST_ADMIN_KEY", ENV["MODELTAP_TEST_ADMIN_KEY"])
     argv = ["doctor", "clean.yaml", "++seed=2", "--json", "+rollout.agent.engine_max_token=1"]
-    assert cli.main([*argv, "--gpu-memory-gb", "80", "--areal-version", "2.1.0"]) == 0
+    assert cli.main([*argv, "--gpu-memory-gb", "80"]) == 0
     findings = json.loads(capsys.readouterr().out)["findings"]
     # the override after --json was applied, and --gpu-memory-gb after it was read (no small-GPU info)
     assert [(f["rule"], f["path"]) for f in findings] == [("unknown-key", "rollout.agent.engine_max_token")]
@@ -583,7 +679,6 @@ def test_the_command_line_reads_every_option(monkeypatch):
         24.0,
     )
     assert args.chat_template_kwargs == {}
-    assert args.areal_version is None
 
 
 @pytest.mark.parametrize(("value", "message"), [("[1]", "expected a JSON object"), ("{no", "not JSON")])

@@ -32,7 +32,7 @@ from modeltap.compat.layouts import (
         ("openai", "chat/completions", True, ["/chat/completions"]),
         ("areal", "messages", True, ["/messages"]),
         ("areal-gateway", "chat/completions", False, ["/v1/chat/completions"]),
-        ("areal-gateway", "models", False, ["/v1/models"]),
+        ("areal-gateway", "models", False, []),  # admin key only on the gateway: answered by modeltap
         ("areal-gateway", "messages", False, []),
         ("areal-gateway", "responses", False, []),
         ("areal-gateway", "embeddings", False, []),

@@ -82,7 +82,10 @@ async def test_the_startup_report_names_the_store_the_layout_and_the_urls(store_
     async with Proxy(config(store_path, upstream="http://up:1", layout="areal")) as proxy:
         report = startup_report(proxy, None)
     assert f"modeltap listening on 127.0.0.1:{proxy.port}" in report
-    assert "upstream  http://up:1" in report and "layout    areal (AReaL 1.0: chat and responses" in report
+    assert (
+        "upstream  http://up:1" in report
+        and "layout    areal (AReaL's agent proxy: chat and responses" in report
+    )
     assert f"records   {store_path}" in report and "budget    off" in report
     assert f"http://127.0.0.1:{proxy.port}/v1" in report
     assert "a Docker container: unreachable (listening on loopback only" in report
