@@ -271,7 +271,7 @@ async def _token_ids(ctx: ProxyContext, counter: TokenCounter | None) -> tuple[T
     knows the ids a turn ends on."""
     config = ctx.config
     if not config.token_ids:
-        return None, "off (no --token-ids)"
+        return None, "off (--tokens observe records the engine's ids, --tokens exact builds them)"
     renderer = None
     if counter is not None:
         from modeltap.counting.ids import IdRenderer  # the [budget] extra, loaded only with a tokenizer
