@@ -24,6 +24,7 @@ A web page the operator opens can send requests to a server on loopback. Two doo
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
@@ -88,7 +89,13 @@ def own_host(header: str | None, bind_host: str, names: Iterable[str] = ()) -> b
         return True
     if is_loopback(bind_host):
         return False
-    return host in {bind_host.lower(), socket.gethostname().lower(), DOCKER_HOST_NAME}
+    return host in {bind_host.lower(), _this_host(), DOCKER_HOST_NAME}
+
+
+@functools.cache
+def _this_host() -> str:
+    """This machine's name, asked of the system once (own_host runs on every request it guards)."""
+    return socket.gethostname().lower()
 
 
 def is_json_type(content_type: str) -> bool:
