@@ -118,14 +118,7 @@ def test_a_key_the_upstream_quotes_reaches_no_client_record_log_or_export(
     store = tmp_path / "records.db"
     sent = 0
     with _standin(_quoting) as upstream:
-        config = ProxyConfig(
-            upstream=upstream.url,
-            upstream_key=OPERATOR_KEY,
-            host="127.0.0.1",
-            port=0,
-            store=str(store),
-            record_writer="thread",
-        )
+        config = _config(upstream.url, store)
         threaded = ThreadedProxy(config)
         with threaded as proxy:
             session = threaded.call(_open(proxy))
@@ -166,6 +159,18 @@ def _quote(where: str, before: str, after: str, cuts: list[int]) -> dict[str, st
     return {QUOTE_HEADER: base64.b64encode(json.dumps(quote).encode()).decode()}
 
 
+def _config(upstream: str, store: Path) -> ProxyConfig:
+    """A loopback proxy lending the operator's key, recording in this process's writer thread."""
+    return ProxyConfig(
+        upstream=upstream,
+        upstream_key=OPERATOR_KEY,
+        host="127.0.0.1",
+        port=0,
+        store=str(store),
+        record_writer="thread",
+    )
+
+
 async def _open(proxy: Any) -> str:
     return str(proxy.sessions.open(upstream_key=SESSION_KEY).token)
 
@@ -176,14 +181,7 @@ def test_a_query_key_is_replaced_by_the_upstream_s_and_not_sent_on_by_replay(tmp
 
     store = tmp_path / "records.db"
     with _standin(refuse) as upstream:
-        config = ProxyConfig(
-            upstream=upstream.url,
-            upstream_key=OPERATOR_KEY,
-            host="127.0.0.1",
-            port=0,
-            store=str(store),
-            record_writer="thread",
-        )
+        config = _config(upstream.url, store)
         with ThreadedProxy(config) as proxy:
             assert proxy.port is not None
             _send(proxy.port, f"/v1/chat/completions?alt=sse&api-key={QUERY_KEY}", {})
