@@ -357,13 +357,7 @@ async def test_a_judge_answering_a_huge_body_fails_the_run_without_reading_it_al
                 sent.append(65536)
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", file_server)
-    server = await aiohttp_server(app)
-    text = ECHO_AGENT + (
-        f'[judges.big]\nbase_url = "http://127.0.0.1:{server.port}/v1"\nmodel = "m"\n'
-        '[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{judge = "big", rubric = "r"}]\n'
-    )
+    text = await _judged_by(aiohttp_server, "big", file_server)
     with pytest.raises(RunFailed, match=r"judge 'big' answered more than 4194304 bytes.*check its base_url"):
         await play(plan_for(bundle_of(tmp_path, text), "t", judge_http=http), LocalProvider())
     assert sum(sent) < 64 * 1024 * 1024  # the judge's client stopped reading
@@ -375,15 +369,20 @@ async def test_a_judge_answering_deeply_nested_json_fails_the_run(
     async def nested(request: web.Request) -> web.Response:
         return web.Response(body=b"[" * 100_000, content_type="application/json")
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", nested)
-    server = await aiohttp_server(app)
-    text = ECHO_AGENT + (
-        f'[judges.deep]\nbase_url = "http://127.0.0.1:{server.port}/v1"\nmodel = "m"\n'
-        '[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{judge = "deep", rubric = "r"}]\n'
-    )
+    text = await _judged_by(aiohttp_server, "deep", nested)
     with pytest.raises(RunFailed, match=r"judge 'deep' at .* failed: RecursionError"):
         await play(plan_for(bundle_of(tmp_path, text), "t", judge_http=http), LocalProvider())
+
+
+async def _judged_by(aiohttp_server: Any, judge: str, answer: Any) -> str:
+    """A bundle whose one task is checked by judge `judge`, served by `answer` on a server of its own."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    server = await aiohttp_server(app)
+    return ECHO_AGENT + (
+        f'[judges.{judge}]\nbase_url = "http://127.0.0.1:{server.port}/v1"\nmodel = "m"\n'
+        f'[[tasks]]\nid = "t"\nprompt = "42"\nchecks = [{{judge = "{judge}", rubric = "r"}}]\n'
+    )
 
 
 async def test_a_docker_solver_with_a_loopback_only_proxy_is_refused_with_the_fix(tmp_path: Path) -> None:
