@@ -242,7 +242,8 @@ def blocking_calls_probe() -> Iterator[list[str]]:
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and any(part in frame.f_code.co_filename for part in BLOCKING_FILES):
-            seen.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+            if not _finalizing(frame):
+                seen.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
         elif event == "c_call":
             module, name = getattr(arg, "__module__", None) or "", getattr(arg, "__name__", "")
             if (module, name) in BLOCKING_C_CALLS or module.startswith("sqlite3") or "sqlite3" in repr(arg):
@@ -253,6 +254,17 @@ def blocking_calls_probe() -> Iterator[list[str]]:
         yield seen
     finally:
         sys.setprofile(None)
+
+
+def _finalizing(frame: FrameType | None) -> bool:
+    """Whether `frame` runs under an object's finalizer: the garbage collector runs those on whichever
+    thread it collects from, so a subprocess finished on the adapter's own loop may be finalised here
+    (`Popen.__del__` only polls, without blocking). Not work the caller's loop was given."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 _SUM = re.compile(r"What is (\d+) \+ (\d+)\?")

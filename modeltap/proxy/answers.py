@@ -114,10 +114,13 @@ async def relay_translated(
     status = reply.response.status
     if isinstance(reply, StreamedReply):
         stream = translation.stream()
-        response = await relay_stream(flow, reply, stream)
-        if stream.complete:
-            translation.remember(ctx.chains, draft.session_id, draft.received, draft.response)
-        return response
+        try:
+            return await relay_stream(flow, reply, stream)
+        finally:
+            # Also when the client hung up once it had the final event (its handler is cancelled then):
+            # the chain continues from this answer.
+            if stream.complete:
+                translation.remember(ctx.chains, draft.session_id, draft.received, draft.response)
     raw = reply.body
     draft.first_byte = time.time()
     if status >= 400:

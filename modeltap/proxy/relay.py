@@ -107,16 +107,20 @@ async def handle(request: web.Request) -> web.StreamResponse:
         await _deliver(flow)
     except asyncio.CancelledError:
         # The client went away (aiohttp cancels the handler): the upstream request was cancelled with
-        # us. The exchange is handed over now, failed (so no ids are rendered for it); the proxy's task
-        # owner awaits the rest, and a stop that cancels that task loses nothing.
+        # us. Unless the client had the whole stream, the exchange is handed over now, failed (so no
+        # ids are rendered for it).
         if not flow.handed_over:
             flow.draft.client_disconnected = True
-            flow.draft.fail(
-                "client_disconnect", "the client closed the connection before the response was complete"
-            )
-            _note_reply(flow)
-            flow.handed_over = True
-            flow.ctx.tasks.spawn(flow.ctx.observers.hand_over(flow.draft.seal()), "record-disconnected")
+            if flow.stream is not None and flow.draft.stream_complete:
+                # The client had the stream's final event and hung up while modeltap still waited for
+                # the upstream's end (the openai SDK closes at `[DONE]`): nothing failed, and the
+                # exchange is sealed beside the connection, ids and all.
+                flow.ctx.tasks.spawn(_deliver_beside(flow), "record-after-hang-up")
+            else:
+                flow.draft.fail(
+                    "client_disconnect", "the client closed the connection before the response was complete"
+                )
+                _hand_over_now(flow)
         raise
     return await _end(flow, response)
 
@@ -159,6 +163,25 @@ async def _deliver(flow: Flow) -> None:
     _note_reply(flow)
     flow.handed_over = True
     await flow.ctx.observers.exchange(draft.seal())
+
+
+async def _deliver_beside(flow: Flow) -> None:
+    """`_deliver` in a task of its own; a stop that cancels it while ids are rendered hands the
+    exchange over without them rather than losing it."""
+    try:
+        await _deliver(flow)
+    except asyncio.CancelledError:
+        if not flow.handed_over:
+            _hand_over_now(flow)
+        raise
+
+
+def _hand_over_now(flow: Flow) -> None:
+    """Hand the exchange over as it stands, for a handler being cancelled: the observers have it
+    before this returns, and a task owned by the proxy awaits the rest, so a stop loses nothing."""
+    _note_reply(flow)
+    flow.handed_over = True
+    flow.ctx.tasks.spawn(flow.ctx.observers.hand_over(flow.draft.seal()), "record-disconnected")
 
 
 async def _end(flow: Flow, response: web.StreamResponse) -> web.StreamResponse:

@@ -96,6 +96,31 @@ async def test_client_hanging_up_mid_stream_is_recorded(
     assert row["streamed"] and not row["stream_complete"]
 
 
+async def test_a_client_hanging_up_after_the_final_event_loses_nothing(
+    make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    # The openai SDK closes the connection at `[DONE]`; an upstream that ends its stream a moment later
+    # must not turn the complete answer the client had into a failure.
+    with OpenAILikeStandIn() as vllm:
+        vllm.inject("linger", stall_s=30)
+        async with make_proxy(upstream=vllm.url) as proxy:
+            async with aiohttp.ClientSession() as http:
+                resp = await http.post(
+                    proxy.host_base_url + "/v1/chat/completions", json=CHAT | {"stream": True}
+                )
+                seen = b""
+                while b"data: [DONE]" not in seen:
+                    seen += await resp.content.readany()
+                resp.close()  # hang up, as the SDK does
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if proxy.context.store.written:
+                    break
+    [row] = records(store_path)
+    assert (row["client_disconnected"], row["error_class"], row["stream_complete"]) == (True, None, True)
+    assert row["response"]["choices"][0]["finish_reason"] == "stop"
+
+
 async def test_broken_and_truncated_streams_are_recorded(
     make_proxy: Callable[..., Proxy], store_path: Path
 ) -> None:

@@ -37,7 +37,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from tests.standins.wire import dumps
 
-FaultKind = Literal["404", "400ctx", "401", "429", "500", "badsse", "stall", "reset", "truncate", "gzip"]
+FaultKind = Literal[
+    "404", "400ctx", "401", "429", "500", "badsse", "stall", "linger", "reset", "truncate", "gzip"
+]
 # Faults that replace the answer with an error status and the backend's error body.
 ERROR_FAULTS: frozenset[FaultKind] = frozenset({"404", "400ctx", "401", "429", "500"})
 
@@ -130,7 +132,8 @@ class Control:
 
         Error faults answer with the backend's own error body; `retry_after_ms` adds the
         `retry-after-ms` / `retry-after` headers that opencode honours (docs/agents.md §3.6).
-        `stall` waits `stall_s` before sending headers; `reset` sends half the body then a TCP RST;
+        `stall` waits `stall_s` before sending headers; `linger` waits `stall_s` after a stream's last
+        event before ending it; `reset` sends half the body then a TCP RST;
         `truncate` sends half the body then closes; `badsse` sends a broken stream; `gzip` compresses.
         """
         if kind not in get_args(FaultKind):
@@ -335,6 +338,8 @@ async def send_sse(
         if control.chunk_delay_s:
             await asyncio.sleep(control.chunk_delay_s)
         await response.write(chunk)
+    if fault is not None and fault.kind == "linger":
+        await asyncio.sleep(fault.stall_s)
     await response.write_eof()
     return response
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import json
 import os
 import shutil
@@ -468,6 +469,13 @@ def test_the_blocking_calls_probe_sees_what_blocks() -> None:
         time.sleep(0)
         subprocess.run(["true"], check=True)
     assert "time.sleep" in blocking and any("subprocess.py" in call for call in blocking)
+    with blocking_calls_probe() as blocking:
+        process = subprocess.Popen(["true"])
+    process.wait()
+    with blocking_calls_probe() as finalised:
+        del process  # the garbage collector's work on whatever thread it runs: polled, never blocking
+        gc.collect()
+    assert any("subprocess.py" in call for call in blocking) and finalised == []
 
 
 async def test_the_caller_s_loop_runs_no_blocking_work_during_runs(
