@@ -36,6 +36,7 @@ from modeltap.compat.clients import (
     redacted_headers,
     retry_count,
 )
+from modeltap.compat.hosts import is_loopback
 from modeltap.dialects.openai_chat import DIALECT as CHAT
 from modeltap.dialects.roles import CountsPrompt, Dialect, Streams, ThroughChat
 from modeltap.proxy import browsers
@@ -217,7 +218,8 @@ async def _exchange(flow: Flow) -> web.StreamResponse:
         raise MethodNotAllowed(f"use {dialect.method} for {dialect.route}, not {request.method}")
     target = _identify(ctx, request, route)
     _note_session(flow, target.session)
-    authenticated = target.session is not None or ctx.loopback_only
+    # Known as naming knows callers (naming.py): a session token, or a peer on this host.
+    authenticated = target.session is not None or ctx.loopback_only or is_loopback(request.remote or "")
     body = await read_body(flow, authenticated) if dialect.method == "POST" else None
     names = names_for(
         request.headers,

@@ -36,7 +36,7 @@ INFLATE_SLICE_BYTES = 1024 * 1024
 
 async def read_body(flow: Flow, authenticated: bool) -> dict[str, Any]:
     """The body, read once and parsed once, kept as received (inflated) for the record. A compressed
-    body is inflated only for an `authenticated` caller (a session token, or a loopback listener), off
+    body is inflated only for an `authenticated` caller (a session token, or a peer on this host), off
     the event loop, and never past the body limit."""
     request, draft, config = flow.request, flow.draft, flow.ctx.config
     limit = config.max_body_bytes
@@ -49,8 +49,8 @@ async def read_body(flow: Flow, authenticated: bool) -> dict[str, Any]:
         )
     if encoding in _INFLATE_WBITS and not authenticated:
         raise Unauthorized(
-            "a compressed request body needs a session token (…/s/TOKEN): modeltap inflates only "
-            "what a known client sends"
+            "a compressed request body from another machine needs a session token (…/s/TOKEN): "
+            "modeltap inflates only what a known client sends"
         )
     try:
         if request.content.is_eof():  # the whole body is already buffered: no wait to time

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from modeltap.proxy import network
 from modeltap.proxy.config import ProxyConfig
 from modeltap.proxy.server import Proxy
 from modeltap.records.reader import StoreReader
@@ -87,3 +88,13 @@ def threaded_proxy(store_path: Path) -> Callable[..., Any]:
 def records(store_path: Path, session_id: str | None = None) -> list[dict[str, Any]]:
     with StoreReader(store_path) as reader:
         return reader.exchanges(session_id)
+
+
+@pytest.fixture
+def bridge_host() -> str:
+    """dockerd's bridge address: a non-loopback address of this machine, so a test's own calls to a
+    listener bound there come from a peer that is not loopback (another machine, to the proxy)."""
+    gateway = network.bridge_gateway()
+    if gateway is None:
+        pytest.fail("no docker0 bridge: the network-listener tests listen on it (start dockerd: make setup)")
+    return gateway

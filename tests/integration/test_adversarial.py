@@ -26,6 +26,7 @@ from tests.factories import ASK
 from tests.integration.conftest import records
 from tests.integration.test_hostile import http_request, open_session, send_raw
 from tests.standins.areal import ArealStandIn
+from tests.standins.openai_like import OpenAILikeStandIn
 
 CHAT: dict[str, Any] = {"model": "policy", "messages": [ASK], "max_tokens": 16}
 HALF_EMOJI = "\ud83d"
@@ -147,22 +148,42 @@ async def test_a_gzip_bomb_stops_at_the_limit_and_others_are_served_meanwhile(
     assert sorted(row["status"] for row in records(store_path)) == [200, 413, 413, 413, 413]
 
 
-async def test_an_unauthenticated_compressed_body_is_refused_before_it_is_inflated(
-    areal: ArealStandIn, make_proxy: Callable[..., Proxy], store_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_a_remote_callers_compressed_body_without_a_token_is_refused_before_it_is_inflated(
+    areal: ArealStandIn,
+    make_proxy: Callable[..., Proxy],
+    store_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    bridge_host: str,
 ) -> None:
     from modeltap.proxy import request_body
 
     inflated: list[int] = []
     monkeypatch.setattr(request_body, "inflate", lambda *args: inflated.append(1) or b"{}")
-    async with make_proxy(upstream=areal.url, host="0.0.0.0") as proxy:
+    async with make_proxy(upstream=areal.url, host=bridge_host) as proxy:
         status, body = await post(
             proxy.host_base_url + "/v1/chat/completions",
             gzip.compress(json_bytes(CHAT)),
             **{"Content-Encoding": "gzip"},
         )
-    assert status == 401 and "needs a session token" in body["error"]["message"]
+    assert status == 401 and "from another machine needs a session token" in body["error"]["message"]
     assert inflated == [] and areal.requests == []
     assert records(store_path)[0]["status"] == 401
+
+
+async def test_a_compressed_body_from_this_host_is_inflated_whatever_the_listener_binds(
+    make_proxy: Callable[..., Proxy], store_path: Path
+) -> None:
+    # The rule naming follows (README): a loopback peer is this host's, also on `serve`'s 0.0.0.0.
+    chat = CHAT | {"model": "standin-model"}
+    with OpenAILikeStandIn() as vllm:
+        async with make_proxy(upstream=vllm.url, host="0.0.0.0") as proxy:
+            status, _ = await post(
+                proxy.host_base_url + "/v1/chat/completions",
+                gzip.compress(json_bytes(chat)),
+                **{"Content-Encoding": "gzip"},
+            )
+        assert status == 200 and vllm.requests[-1].body == chat
+    assert records(store_path)[0]["request"] == chat
 
 
 @pytest.mark.parametrize(

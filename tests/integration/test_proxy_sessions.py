@@ -25,7 +25,6 @@ import anthropic
 import openai
 import pytest
 
-from modeltap.proxy import network
 from modeltap.proxy.config import DEFAULT_SESSION_TTL_S
 from modeltap.proxy.naming import SESSION_HINTS
 from modeltap.proxy.server import Proxy, startup_report
@@ -46,15 +45,6 @@ SESSIONS_PATH = "/_modeltap/sessions"
 TTL_S = 1.0
 # How our own 401 for a closed or expired token ends; AReaL's own 401 says "expired" too.
 GONE = "ask whoever gave you the URL for a new session"
-
-
-@pytest.fixture
-def bridge_host() -> str:
-    """dockerd's bridge address, the non-loopback address these tests listen on."""
-    gateway = network.bridge_gateway()
-    if gateway is None:
-        pytest.fail("no docker0 bridge: the network-listener tests listen on it (start dockerd: make setup)")
-    return gateway
 
 
 def proxy_log(caplog: pytest.LogCaptureFixture) -> str:
