@@ -18,12 +18,13 @@ TEST_TIERS :=
 # Included before the rules below so that TEST_TIERS is complete when `test` reads it.
 -include mk/*.mk
 
-.PHONY: help test test-pytest lint demo
+.PHONY: help test test-pytest lint demo fuzz
 
 help:
 	@echo "make test    install everything (venv, agent CLIs, dockerd, chromium) and run every tier: lint test-pytest $(TEST_TIERS)"
 	@echo "make demo    install only what the demo uses (the openai SDK, opencode) and run 'modeltap demo'"
 	@echo "make lint    ruff check, ruff format --check, mypy --strict on the package"
+	@echo "make fuzz    the pytest tiers with new hypothesis examples each run (make test draws the same ones)"
 	@echo "make bench   modeltap side by side with its peers, and its store at 1M exchanges (benchmarks/README.md)"
 	@echo "make setup   only the set-up (targets: venv, agents, dockerd, chromium)"
 
@@ -44,6 +45,10 @@ test-pytest: setup
 	rm -f .coverage .coverage.*
 	$(VENV)/bin/python -m pytest $(PYTEST_DIRS) --cov=modeltap --cov-report= $(PYTEST_ARGS)
 	$(VENV)/bin/python scripts/coverage_floor.py
+
+# The property tests with examples drawn afresh: a finding here becomes an `@example` of its test.
+fuzz: setup
+	HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest $(PYTEST_DIRS) $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# `make test` (and so CI) draws the same examples on every run: a tier that fails for one seed in fifty
+# is a flake, not a finding. `make fuzz` draws new ones (HYPOTHESIS_PROFILE=explore) to find what the
+# fixed draw does not; each finding is kept as an `@example` of its test.
+settings.register_profile("fixed", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 # transformers is the counting tests' oracle (modeltap never imports it); its "PyTorch was not found"
 # advice is noise here.
