@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 
 # How long teardown waits for SIGKILLed processes to die before it removes the run's directory anyway.
 GROUP_EXIT_TIMEOUT_S = 5.0
+# Every process a run starts carries this variable, its value the run's directory, and their children
+# inherit it: at close it finds what left the run's process groups (setsid, a daemon whose parent exited,
+# now PID 1's child). A process that clears its own environment is not found: nothing here isolates.
+RUN_MARK = "MODELTAP_LOCAL_SANDBOX"
 
 
 class LocalProvider(Closing):
@@ -66,7 +70,8 @@ class LocalProvider(Closing):
 
 
 class LocalSandbox(Closing):
-    """A run's temporary directory on the host; each command is its own process group."""
+    """A run's temporary directory on the host; each command is its own process group, and each process
+    of the run carries RUN_MARK."""
 
     endpoint_kind: Literal["container", "host"] = "host"
 
@@ -126,7 +131,7 @@ class LocalSandbox(Closing):
                 return subprocess.Popen(
                     list(argv),
                     cwd=self.workdir,
-                    env={**base, **env},
+                    env={**base, **env, RUN_MARK: str(self._root)},
                     stdin=subprocess.DEVNULL,
                     stdout=stdout,
                     stderr=stderr,
@@ -144,8 +149,8 @@ class LocalSandbox(Closing):
         return await in_thread("local-read", _read_inside, Path(self.workdir), path)
 
     async def close(self) -> None:
-        """Kill every process group the run started (stray background children too), then delete the
-        directory."""
+        """Kill every process group the run started and every process carrying its RUN_MARK (stray
+        background children, those that left their group too), then delete the directory."""
         groups, self._groups = self._groups, set()
         for group in groups:
             _kill_group(group)
@@ -162,16 +167,32 @@ def _make_root(run_id: str) -> Path:
 
 
 def _remove_when_gone(groups: set[int], root: Path) -> None:
-    """Wait (up to GROUP_EXIT_TIMEOUT_S) until no process of `groups` runs, then remove `root`."""
+    """Kill the processes marked as `root`'s, and wait (up to GROUP_EXIT_TIMEOUT_S) until none of them
+    and no process of `groups` runs, then remove `root`. The marked are sought again each time: one may
+    have forked while its parent was being killed."""
+    mark = f"{RUN_MARK}={root}".encode()
     deadline = time.monotonic() + GROUP_EXIT_TIMEOUT_S
-    while any(_group_running(group) for group in groups):
+    while _kill_marked(mark) or any(_group_running(group) for group in groups):
         if time.monotonic() > deadline:
-            log.warning(
-                "processes of groups %s outlived SIGKILL for %g s", sorted(groups), GROUP_EXIT_TIMEOUT_S
-            )
+            log.warning("processes of run %s outlived SIGKILL for %g s", root, GROUP_EXIT_TIMEOUT_S)
             break
         time.sleep(0.005)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill_marked(mark: bytes) -> bool:
+    """SIGKILL every process whose environment holds `mark` (as `NAME=value`); whether there was one.
+    A zombie's environment reads empty: it runs nothing, and is not sought."""
+    found = False
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark not in environ.read_bytes().split(b"\0"):
+                continue
+            os.kill(int(environ.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or another user's
+        found = True
+    return found
 
 
 def _group_running(pgid: int) -> bool:

@@ -94,6 +94,26 @@ async def test_closing_kills_what_a_finished_command_left_running() -> None:
     await box.close()  # a second close does nothing
 
 
+async def test_closing_kills_what_left_the_runs_groups() -> None:
+    # A process that made a session of its own, and a daemon whose parent exited (now PID 1's child):
+    # neither is in a process group the run started.
+    escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+    escape += "        open('daemon.pid', 'w').write(str(os.getpid())); time.sleep(300)\n    os._exit(0)\n"
+    box = await LocalProvider().open(SandboxSpec("r8", None, "/work"))
+    setsid = await box.exec(["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], {}, 10)
+    await box.exec([sys.executable, "-c", escape], {}, 10)
+    strays = [int(setsid.stdout), await wait_for_pid(Path(box.workdir) / "daemon.pid")]
+    try:
+        assert all(alive(pid) for pid in strays)
+        assert all(os.getpgid(pid) not in box._groups for pid in strays)
+        await box.close()
+        assert [await wait_gone(pid) for pid in strays] == [True, True]
+    finally:
+        for pid in strays:
+            if alive(pid):
+                os.kill(pid, 9)
+
+
 async def test_cancelling_a_command_kills_its_group_before_the_cancel_propagates() -> None:
     async with await LocalProvider().open(SandboxSpec("r4", None, "/work")) as box:
         task = asyncio.ensure_future(box.exec(["sh", "-c", "echo $$ > pid; exec sleep 60"], {}, 60))
