@@ -33,6 +33,10 @@ ROUTE_404_MAX_BYTES = 64 * 1024
 # The most of an info route's answer read at discovery (`fetch_json`): a model list of a gateway that
 # serves hundreds of models is about a megabyte; a wrong upstream (a file server) may answer anything.
 INFO_MAX_BYTES = 8 * 1024 * 1024
+# The most of a whole (not streamed) answer modeltap reads, parses and records: a model's answer is
+# kilobytes, one with every prompt token's logprobs tens of megabytes; past this an upstream that never
+# stops would take the serving process's memory. A stream is relayed as it comes, whatever its length.
+WHOLE_REPLY_MAX_BYTES = 256 * 1024 * 1024
 # How long `auto` waits for the upstream's /health before taking it to be no AReaL server. AReaL
 # answers it from memory; a server without the route answers 404 at once.
 HEALTH_TIMEOUT_S = 5.0
@@ -105,7 +109,15 @@ async def read(
     """The whole (decoded) body of `response`, or its first `limit` bytes, with errors mapped (naming
     the URL as `shown` says: with no key in it)."""
     try:
-        return await response.content.read(limit)
+        if limit < 0:
+            return await response.content.read()
+        # `read(limit)` would return only what has arrived so far.
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and (chunk := await response.content.read(limit - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise map_client_error(exc, shown() if shown is not None else str(response.url)) from exc
     finally:
@@ -235,7 +247,12 @@ class Upstream:
                 ):
                     seen = masked_reply(headers, query, url, response.headers.items())
                     return StreamedReply(response, seen.url, path, seen.headers, seen.mask, dialect)
-                raw = await read(response, shown=shown)
+                raw = await read(response, limit=WHOLE_REPLY_MAX_BYTES + 1, shown=shown)
+                if len(raw) > WHOLE_REPLY_MAX_BYTES:
+                    raise UpstreamUnreachable(
+                        f"upstream {shown()} answered more than {WHOLE_REPLY_MAX_BYTES} bytes in one "
+                        "piece; modeltap relays whole answers up to that size (a streamed one has no limit)"
+                    )
                 seen = masked_reply(headers, query, url, response.headers.items(), raw)
                 return WholeReply(response, seen.url, path, seen.headers, seen.mask, seen.body)
             head = await read(response, limit=ROUTE_404_MAX_BYTES, shown=shown)

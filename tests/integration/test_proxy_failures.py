@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from modeltap.proxy import upstream
 from modeltap.proxy.server import Proxy
 from tests.integration.conftest import records
 from tests.standins.areal import ArealStandIn
@@ -119,6 +120,30 @@ async def test_a_client_hanging_up_after_the_final_event_loses_nothing(
     [row] = records(store_path)
     assert (row["client_disconnected"], row["error_class"], row["stream_complete"]) == (True, None, True)
     assert row["response"]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_a_whole_answer_over_the_limit_is_a_502_in_the_clients_shape_and_recorded(
+    make_proxy: Callable[..., Proxy], store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with OpenAILikeStandIn() as vllm:
+        async with make_proxy(upstream=vllm.url) as proxy, aiohttp.ClientSession() as http:
+            url = proxy.host_base_url + "/v1/chat/completions"
+            async with http.post(url, json=CHAT) as r:
+                size = len(await r.read())
+            monkeypatch.setattr(upstream, "WHOLE_REPLY_MAX_BYTES", size - 1)
+            async with http.post(url, json=CHAT) as r:
+                refused = (r.status, await r.json())
+            async with http.post(url, json=CHAT | {"stream": True}) as r:
+                streamed = (r.status, await r.read())
+        rows = records(store_path)
+    assert refused[0] == 502 and refused[1]["error"]["type"] == "server_error"
+    assert f"more than {size - 1} bytes" in refused[1]["error"]["message"]
+    assert streamed[0] == 200 and b"[DONE]" in streamed[1]  # a stream has no such limit
+    assert [(r["status"], r["error_class"]) for r in rows] == [
+        (200, None),
+        (502, "upstream_error"),
+        (200, None),
+    ]
 
 
 async def test_broken_and_truncated_streams_are_recorded(
