@@ -12,6 +12,7 @@ import pytest
 
 from modeltap.proxy import upstream
 from modeltap.proxy.server import Proxy
+from modeltap.records.reader import StoreReader
 from tests.integration.conftest import records
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
@@ -97,29 +98,33 @@ async def test_client_hanging_up_mid_stream_is_recorded(
     assert row["streamed"] and not row["stream_complete"]
 
 
+@pytest.mark.parametrize("ids", ["off", "rendered"])
 async def test_a_client_hanging_up_after_the_final_event_loses_nothing(
-    make_proxy: Callable[..., Proxy], store_path: Path
+    make_proxy: Callable[..., Proxy], store_path: Path, areal: ArealStandIn, qwen_dir: str, ids: str
 ) -> None:
     # The openai SDK closes the connection at `[DONE]`; an upstream that ends its stream a moment later
-    # must not turn the complete answer the client had into a failure.
-    with OpenAILikeStandIn() as vllm:
-        vllm.inject("linger", stall_s=30)
-        async with make_proxy(upstream=vllm.url) as proxy:
-            async with aiohttp.ClientSession() as http:
-                resp = await http.post(
-                    proxy.host_base_url + "/v1/chat/completions", json=CHAT | {"stream": True}
-                )
-                seen = b""
-                while b"data: [DONE]" not in seen:
-                    seen += await resp.content.readany()
-                resp.close()  # hang up, as the SDK does
-            for _ in range(50):
-                await asyncio.sleep(0.1)
-                if proxy.context.store.written:
-                    break
+    # must not turn the complete answer the client had into a failure, nor leave its ids unrendered
+    # (AReaL's proxy returns none).
+    options = {"token_ids": True, "tokenizer": qwen_dir, "budget": "off"} if ids == "rendered" else {}
+    areal.inject("linger", stall_s=30)
+    async with make_proxy(upstream=areal.url, **options) as proxy:
+        session = proxy.sessions.open(upstream_key=areal.open_session("t").api_key)
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(session.host_base_url + "/chat/completions", json=CHAT | {"stream": True})
+            seen = b""
+            while b"data: [DONE]" not in seen:
+                seen += await resp.content.readany()
+            resp.close()  # hang up, as the SDK does
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if proxy.context.store.written:
+                break
     [row] = records(store_path)
     assert (row["client_disconnected"], row["error_class"], row["stream_complete"]) == (True, None, True)
     assert row["response"]["choices"][0]["finish_reason"] == "stop"
+    with StoreReader(store_path) as reader:
+        turns = [(t["source"], len(reader.token_completion(t)) > 0) for t in reader.token_turns(session.id)]
+    assert turns == ([("rendered", True)] if ids == "rendered" else [])
 
 
 async def test_a_whole_answer_over_the_limit_is_a_502_in_the_clients_shape_and_recorded(
