@@ -25,6 +25,10 @@ DEFAULT_PORT = 8840
 # Agents paste whole files and base64 images into prompts, so aiohttp's 1 MiB default would answer
 # them 413; 64 MiB covers a 128k-token transcript with several images many times over.
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A whole (not streamed) answer is read, parsed and recorded in memory: a model's answer is kilobytes,
+# one with every prompt token's top logprobs at 128k tokens about 200 MB; past the limit an upstream
+# that never stops would take the serving process's memory. A stream is relayed as it comes.
+DEFAULT_MAX_REPLY_BYTES = 256 * 1024 * 1024
 # Connecting to a live upstream on the same host or LAN takes milliseconds; 10 s means it is down.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # The longest silence allowed between two chunks of an upstream response. AReaL generates the whole
@@ -132,6 +136,9 @@ class ProxyConfig:
         flag="--client-timeout",
     )
     max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "largest request body accepted (default 64 MiB)")
+    max_reply_bytes: int = option(
+        DEFAULT_MAX_REPLY_BYTES, "largest whole (not streamed) upstream answer relayed (default 256 MiB)"
+    )
     session_ttl_s: float = option(
         DEFAULT_SESSION_TTL_S,
         f"idle seconds before a session closes (default {DEFAULT_SESSION_TTL_S:g})",
@@ -206,8 +213,9 @@ class ProxyConfig:
                 raise ValueError(f"upstream must be an http(s) URL, not {self.upstream!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, not {self.port}")
-        if self.max_body_bytes < 1024:
-            raise ValueError("max_body_bytes must be at least 1024")
+        for name in ("max_body_bytes", "max_reply_bytes"):
+            if getattr(self, name) < 1024:
+                raise ValueError(f"{name} must be at least 1024")
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"otlp_endpoint must be an http(s) URL, not {self.otlp_endpoint!r}")
         self.allow_origins = [origin.rstrip("/") for origin in self.allow_origins]

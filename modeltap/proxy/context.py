@@ -93,7 +93,12 @@ class ProxyContext:
             )
             self._clients.append(client)
             upstream = self._upstreams[base_url] = Upstream(
-                base_url, self.config.layout, client, self.auto_first, self.may_be_areal
+                base_url,
+                self.config.layout,
+                client,
+                self.auto_first,
+                self.may_be_areal,
+                max_reply_bytes=self.config.max_reply_bytes,
             )
         return upstream
 

@@ -23,6 +23,7 @@ from multidict import CIMultiDict
 
 from modeltap.compat.layouts import Layout, is_route_level_404, layout_from_health, serves, upstream_paths
 from modeltap.dialects.roles import Dialect, Streams, ThroughChat
+from modeltap.proxy.config import DEFAULT_MAX_REPLY_BYTES
 from modeltap.proxy.errors import NotFound, ProxyError, UpstreamTimeout, UpstreamUnreachable
 from modeltap.proxy.keys import KeyMask, masked_reply
 
@@ -33,10 +34,6 @@ ROUTE_404_MAX_BYTES = 64 * 1024
 # The most of an info route's answer read at discovery (`fetch_json`): a model list of a gateway that
 # serves hundreds of models is about a megabyte; a wrong upstream (a file server) may answer anything.
 INFO_MAX_BYTES = 8 * 1024 * 1024
-# The most of a whole (not streamed) answer modeltap reads, parses and records: a model's answer is
-# kilobytes, one with every prompt token's logprobs tens of megabytes; past this an upstream that never
-# stops would take the serving process's memory. A stream is relayed as it comes, whatever its length.
-WHOLE_REPLY_MAX_BYTES = 256 * 1024 * 1024
 # How long `auto` waits for the upstream's /health before taking it to be no AReaL server. AReaL
 # answers it from memory; a server without the route answers 404 at once.
 HEALTH_TIMEOUT_S = 5.0
@@ -137,8 +134,10 @@ class Upstream:
         client: aiohttp.ClientSession,
         auto_first: Literal["areal", "openai"] = "openai",
         ask_health: bool = False,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_reply_bytes = max_reply_bytes
         self.layout = layout
         self.auto_first = auto_first
         self._client = client
@@ -247,11 +246,11 @@ class Upstream:
                 ):
                     seen = masked_reply(headers, query, url, response.headers.items())
                     return StreamedReply(response, seen.url, path, seen.headers, seen.mask, dialect)
-                raw = await read(response, limit=WHOLE_REPLY_MAX_BYTES + 1, shown=shown)
-                if len(raw) > WHOLE_REPLY_MAX_BYTES:
+                raw = await read(response, limit=self.max_reply_bytes + 1, shown=shown)
+                if len(raw) > self.max_reply_bytes:
                     raise UpstreamUnreachable(
-                        f"upstream {shown()} answered more than {WHOLE_REPLY_MAX_BYTES} bytes in one "
-                        "piece; modeltap relays whole answers up to that size (a streamed one has no limit)"
+                        f"upstream {shown()} answered more than {self.max_reply_bytes} bytes in one "
+                        "piece (--max-reply-bytes; a streamed answer has no such limit)"
                     )
                 seen = masked_reply(headers, query, url, response.headers.items(), raw)
                 return WholeReply(response, seen.url, path, seen.headers, seen.mask, seen.body)

@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from modeltap.proxy import upstream
 from modeltap.proxy.server import Proxy
 from modeltap.records.reader import StoreReader
 from tests.integration.conftest import records
 from tests.standins.areal import ArealStandIn
 from tests.standins.openai_like import OpenAILikeStandIn
+from tests.standins.script import Conversation, Reply
 
 CHAT = {"model": "standin-model", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -128,27 +128,30 @@ async def test_a_client_hanging_up_after_the_final_event_loses_nothing(
 
 
 async def test_a_whole_answer_over_the_limit_is_a_502_in_the_clients_shape_and_recorded(
-    make_proxy: Callable[..., Proxy], store_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_proxy: Callable[..., Proxy], store_path: Path
 ) -> None:
-    with OpenAILikeStandIn() as vllm:
-        async with make_proxy(upstream=vllm.url) as proxy, aiohttp.ClientSession() as http:
-            url = proxy.host_base_url + "/v1/chat/completions"
-            async with http.post(url, json=CHAT) as r:
-                size = len(await r.read())
-            monkeypatch.setattr(upstream, "WHOLE_REPLY_MAX_BYTES", size - 1)
-            async with http.post(url, json=CHAT) as r:
-                refused = (r.status, await r.json())
-            async with http.post(url, json=CHAT | {"stream": True}) as r:
-                streamed = (r.status, await r.read())
+    limit = 1024
+
+    def verbose(conversation: Conversation) -> Reply:
+        return Reply(text="x" * limit if "long" in conversation.last_user_text else "short")
+
+    long = CHAT | {"messages": [{"role": "user", "content": "long"}]}
+    with OpenAILikeStandIn(script=verbose) as vllm:
+        async with make_proxy(upstream=vllm.url, max_reply_bytes=limit) as proxy:
+            async with aiohttp.ClientSession() as http:
+                url = proxy.host_base_url + "/v1/chat/completions"
+                async with http.post(url, json=CHAT) as r:
+                    short = r.status
+                async with http.post(url, json=long) as r:
+                    refused = (r.status, await r.json())
+                async with http.post(url, json=long | {"stream": True}) as r:
+                    streamed = (r.status, await r.read())
         rows = records(store_path)
-    assert refused[0] == 502 and refused[1]["error"]["type"] == "server_error"
-    assert f"more than {size - 1} bytes" in refused[1]["error"]["message"]
+    assert short == 200 and refused[0] == 502 and refused[1]["error"]["type"] == "server_error"
+    assert f"more than {limit} bytes in one piece (--max-reply-bytes" in refused[1]["error"]["message"]
     assert streamed[0] == 200 and b"[DONE]" in streamed[1]  # a stream has no such limit
-    assert [(r["status"], r["error_class"]) for r in rows] == [
-        (200, None),
-        (502, "upstream_error"),
-        (200, None),
-    ]
+    statuses = [(r["status"], r["error_class"]) for r in rows]
+    assert statuses == [(200, None), (502, "upstream_error"), (200, None)]
 
 
 async def test_broken_and_truncated_streams_are_recorded(
