@@ -14,11 +14,8 @@ non-default admin key, `LITELLM_LOCAL_MODEL_COST_MAP` so litellm makes no outbou
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,20 +26,18 @@ from areal.experimental.openai.proxy.server import deserialize_interactions
 from areal.experimental.openai.types import InteractionWithTokenLogpReward
 from areal.infra.rpc.serialization import serialize_value
 
+from tests.areal.processes import free_loopback_port, log_tail, stop_servers, wait_healthy
+
 HERE = Path(__file__).resolve().parent
 FAKE_ENGINE_PATH = "fake_engine.FakeInferenceEngine"
 ENGINE_NAME = "proxy/0"
 # Measured: /health answers 7.5-8.9 s after start (docs/areal.md §10.8); allow for a loaded 2-core machine.
 STARTUP_TIMEOUT_S = 120.0
-HEALTH_POLL_INTERVAL_S = 0.25
-# The proxy logs "Engine destroyed successfully" and exits 0 within a second of SIGINT.
-SHUTDOWN_TIMEOUT_S = 15.0
 # export_trajectories blocks until rl/end_session and completions are near-instant with the fake engine.
 REQUEST_TIMEOUT_S = 60.0
 # AReaL's own default AgentConfig.agent_cls_path (its __post_init__ refuses an empty one; the v1 proxy
 # never reads it).
 AGENT_CLS_PATH = "areal.experimental.openai.proxy.online_agent._OnlineAgent"
-LOG_TAIL_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -51,13 +46,6 @@ class ArealSession:
 
     session_id: str
     api_key: str
-
-
-def free_loopback_port() -> int:
-    """A port nothing listens on right now, on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ArealProxyServer:
@@ -101,29 +89,12 @@ class ArealProxyServer:
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         server = cls(process, f"http://127.0.0.1:{port}", admin_key, log_path)
         try:
-            server._wait_healthy()
+            wait_healthy(process, server.base_url, "AReaL proxy", log_path, STARTUP_TIMEOUT_S)
             server._create_engine(tokenizer_path, engine_max_tokens)
         except BaseException:
             server.stop()
             raise
         return server
-
-    def log_tail(self) -> str:
-        """The end of the proxy's log, for failure messages."""
-        return self.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"AReaL proxy exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass  # not listening yet
-            time.sleep(HEALTH_POLL_INTERVAL_S)
-        raise TimeoutError(f"AReaL proxy not healthy after {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
 
     def _create_engine(self, tokenizer_path: str, engine_max_tokens: int) -> None:
         # The same serialized dataclass that AReaL's RolloutController + LocalScheduler send.
@@ -148,18 +119,14 @@ class ArealProxyServer:
         for path, body in (("/create_engine", create), ("/call", initialize)):
             response = httpx.post(self.base_url + path, json=body, timeout=REQUEST_TIMEOUT_S)
             if response.status_code != 200:
-                raise RuntimeError(f"{path} -> {response.status_code} {response.text}\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{path} -> {response.status_code} {response.text}\n{log_tail(self.log_path)}"
+                )
 
     def stop(self) -> None:
-        """SIGINT, as AReaL's scheduler does, then kill if it hangs. Idempotent."""
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(SHUTDOWN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        """SIGINT, as AReaL's scheduler does (the proxy logs "Engine destroyed successfully" and exits 0
+        within a second), then kill if it hangs. Idempotent."""
+        stop_servers([self.process])
 
     def admin_headers(self) -> dict[str, str]:
         """The Authorization header of AReaL's admin endpoints."""

@@ -14,10 +14,8 @@ Does not own: modeltap, the controller or the workflow (the tests build them).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,14 +24,12 @@ import httpx
 from aiohttp import web
 
 from tests.areal.fake_engine import fake_logprob, scripted_reply
+from tests.areal.processes import free_loopback_port, stop_servers, wait_healthy
 from tests.standins import server
 from tests.standins.wire import fastapi_route_error
 
 # Each service imports torch, transformers and litellm through areal's package init: 8-15 s on two cores.
 STARTUP_TIMEOUT_S = 180.0
-HEALTH_POLL_INTERVAL_S = 0.25
-SHUTDOWN_TIMEOUT_S = 15.0
-LOG_TAIL_CHARS = 4000
 
 
 def _generate_error(kind: server.FaultKind, body: Any) -> tuple[int, Any]:
@@ -96,7 +92,7 @@ class V2Service:
     def start(
         cls, workdir: Path, backend_url: str, tokenizer_path: str, *, admin_key: str, engine_max_tokens: int
     ) -> V2Service:
-        ports = [_free_port() for _ in range(3)]
+        ports = [free_loopback_port() for _ in range(3)]
         router, data_proxy, gateway = (f"http://127.0.0.1:{port}" for port in ports)
         service = cls(admin_key, router, data_proxy, gateway, workdir)
         common = ["--host", "127.0.0.1", "--admin-api-key", admin_key, "--log-level", "info"]
@@ -111,8 +107,9 @@ class V2Service:
                 ],
             )  # fmt: skip
             service._spawn("gateway", ["--port", str(ports[2]), *common, "--router-addr", router])
-            for name, url in (("router", router), ("data_proxy", data_proxy), ("gateway", gateway)):
-                service._wait_healthy(name, url)
+            urls = (("router", router), ("data_proxy", data_proxy), ("gateway", gateway))
+            for process, (name, url) in zip(service.processes, urls, strict=True):
+                wait_healthy(process, url, f"AReaL's {name}", service.logs / f"{name}.log", STARTUP_TIMEOUT_S)
             registered = httpx.post(
                 f"{router}/register",
                 json={"worker_addr": data_proxy},
@@ -131,39 +128,6 @@ class V2Service:
         with (self.logs / f"{name}.log").open("wb") as log:
             self.processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
 
-    def log_tail(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")[-LOG_TAIL_CHARS:]
-
-    def _wait_healthy(self, name: str, url: str) -> None:
-        process = self.processes[["router", "data_proxy", "gateway"].index(name)]
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"AReaL's {name} exited with {process.returncode}:\n{self.log_tail(name)}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass  # not listening yet
-            time.sleep(HEALTH_POLL_INTERVAL_S)
-        raise TimeoutError(f"AReaL's {name} not healthy after {STARTUP_TIMEOUT_S} s:\n{self.log_tail(name)}")
-
     def stop(self) -> None:
         """SIGINT each process, as AReaL's scheduler does, then kill what hangs. Idempotent."""
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-        for process in self.processes:
-            try:
-                process.wait(SHUTDOWN_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        stop_servers(self.processes)
