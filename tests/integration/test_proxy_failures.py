@@ -20,6 +20,15 @@ from tests.standins.script import Conversation, Reply
 CHAT = {"model": "standin-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
+async def until_written(proxy: Proxy) -> None:
+    """Wait until the proxy's store has written a record (a hang-up's is sealed after the client left);
+    the bound only catches a hang."""
+    for _ in range(600):
+        if proxy.context.store.written:
+            return
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "content_type", "status", "message"),
     [
@@ -89,10 +98,7 @@ async def test_client_hanging_up_mid_stream_is_recorded(
             first = await resp.content.readany()
             assert first.startswith(b"data: ")
             resp.close()  # hang up
-        for _ in range(50):
-            await asyncio.sleep(0.1)
-            if proxy.context.store.written:
-                break
+        await until_written(proxy)
     [row] = records(store_path)
     assert row["client_disconnected"] and row["error_class"] == "client_disconnect"
     assert row["streamed"] and not row["stream_complete"]
@@ -115,10 +121,7 @@ async def test_a_client_hanging_up_after_the_final_event_loses_nothing(
             while b"data: [DONE]" not in seen:
                 seen += await resp.content.readany()
             resp.close()  # hang up, as the SDK does
-        for _ in range(50):
-            await asyncio.sleep(0.1)
-            if proxy.context.store.written:
-                break
+        await until_written(proxy)
     [row] = records(store_path)
     assert (row["client_disconnected"], row["error_class"], row["stream_complete"]) == (True, None, True)
     assert row["response"]["choices"][0]["finish_reason"] == "stop"
